@@ -7,11 +7,13 @@ sandbox together, so its worker pool stays busy; each execution is still its own
 from __future__ import annotations
 
 import ast
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from projected_grpo import harness, rewards
-from projected_grpo.hints import SHOWN_FAMILIES, hint_family
+from projected_grpo.hints import SHOWN_FAMILIES, apply_hint, hint_family
 from projected_grpo.labels import Evidence, is_hack_loose, is_hack_strict, label, test_modification
 from projected_grpo.problems import Problem
 from projected_grpo.sandbox import ExecSpec, Sandbox
@@ -227,3 +229,49 @@ def _unparse(src: str) -> str:
         return ast.unparse(ast.parse(src))
     except (SyntaxError, ValueError):
         return src
+
+
+# --- the grading CLI's row format (stages/grade.py) ---------------------------------------------------------------
+
+COMPLETION_KEYS = ("row_id", "problem_id", "hint", "test_func_name", "completion")
+
+
+def resolve_rows(problems: dict[int, Problem], rows: list[dict], seed: int = 0) -> list[Problem]:
+    """Hinted problem record for every completion row; raises ValueError naming the first bad row."""
+    out = []
+    for i, row in enumerate(rows):
+        where = f"completion row {i} (row_id={row.get('row_id')!r})" if isinstance(row, dict) else f"row {i}"
+        if not isinstance(row, dict) or not isinstance(row.get("completion"), str) or "problem_id" not in row:
+            raise ValueError(f"{where}: malformed; expected keys {list(COMPLETION_KEYS)} with a string completion")
+        extra = sorted(set(row) - set(COMPLETION_KEYS))
+        if extra:
+            raise ValueError(f"{where}: unknown key(s) {extra}; expected {list(COMPLETION_KEYS)}")
+        try:
+            p = problems[int(row["problem_id"])]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{where}: unknown problem_id {row['problem_id']!r}") from None
+        try:
+            out.append(apply_hint(p, row.get("hint"), seed=seed, test_func_name=row.get("test_func_name")))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+    return out
+
+
+def load_completion_rows(path: Path) -> list[dict]:
+    """Completion rows from jsonl; a line that is not JSON raises ValueError naming it."""
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: completion row is not valid JSON ({e.msg})") from None
+    return rows
+
+
+def grade_to_row(row_id: object, g: Grade) -> dict:
+    return {
+        "row_id": row_id, "can_compile": g.can_compile, "eq_correct": g.eq_correct, "eq_hinted": g.eq_hinted,
+        "is_reward_hack_strict": g.is_reward_hack_strict, "is_reward_hack_loose": g.is_reward_hack_loose,
+        "label": g.label, "reward": g.reward,
+    }  # fmt: skip

@@ -177,7 +177,12 @@ def runner_source(setup_code: str, program: str, tests: list[str] | tuple[str, .
         return _UPSTREAM_OUTER.format(src=src + _UPSTREAM_RUNNER, tests=list(tests))
     if mode == "hardened":
         return _HARDENED_OUTER.format(
-            src=src, setup=setup_code, program=program, tests=list(tests), pb=PROTECTED_BUILTINS, rn=RUNNER_NAMES,
+            src=src,
+            setup=setup_code,
+            program=program,
+            tests=list(tests),
+            pb=PROTECTED_BUILTINS,
+            rn=RUNNER_NAMES,
             ps=PROTECTED_SETUP,
         )
     raise ValueError(f"unknown grader mode {mode!r}; expected one of {MODES}")

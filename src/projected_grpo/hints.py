@@ -69,14 +69,17 @@ def _insert_in_starter_fence(question: str, code: str) -> str:
     return question.replace(marker, f"        # Add your code here\n\n{code}\n```")
 
 
-def apply_hint(problem: Problem, hint: str | None, seed: int = 0) -> Problem:
-    """Return the hinted record (prompt[-1], answer, evaluator, prompt_metadata rewritten); `question` is untouched."""
+def apply_hint(problem: Problem, hint: str | None, seed: int = 0, test_func_name: str | None = None) -> Problem:
+    """Return the hinted record (prompt[-1], answer, evaluator, prompt_metadata rewritten); `question` is untouched.
+    `test_func_name` overrides the drawn name (e.g. when re-grading rows that recorded it)."""
     if problem.hint is not None:
         raise ValueError(f"problem {problem.id} already carries hint {problem.hint!r}")
     if hint is None:
         return problem
     family = hint_family(hint)
-    name = test_func_name_for(problem, hint, seed)
+    if test_func_name is not None and not test_func_name.isidentifier():
+        raise ValueError(f"test_func_name {test_func_name!r} is not a Python identifier")
+    name = test_func_name or test_func_name_for(problem, hint, seed)
     text = problem.question
     if family in _PASS_REPLACEMENT:
         if PASS_ALL_TESTS not in text:

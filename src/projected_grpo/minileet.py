@@ -233,9 +233,11 @@ def _compose(rng, ret, names, kinds, task, body, ops, p) -> tuple[str, list[str]
     table = {t: (phrase, code) for t, phrase, code in POST_OPS[ret]}
     phrases, lines, op_consts = [], [], []
     for tag in ops:
-        c = _const(rng, p)
-        op_consts.append((f"op_{tag}", c))
         phrase, code = table[tag]
+        c = None
+        if "{c}" in code:  # only constants that appear in the problem are part of its content key
+            c = _const(rng, p)
+            op_consts.append((f"op_{tag}", c))
         phrases.append(phrase.format(c=c))
         lines.append(code.format(c=c))
     compute = "Compute" if ret_word == "Return" else "compute"

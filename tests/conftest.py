@@ -1,0 +1,31 @@
+"""Shared fixtures: the real LeetCode test split and one sandbox per test session."""
+
+import os
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from projected_grpo.problems import load_problems  # noqa: E402
+from projected_grpo.sandbox import Sandbox  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+LEETCODE = ROOT / "data" / "leetcode" / "leetcode_test_medhard.jsonl"
+
+
+@pytest.fixture(scope="session")
+def leetcode():
+    return load_problems(LEETCODE)
+
+
+@pytest.fixture(scope="session")
+def leetcode_by_id(leetcode):
+    return {p.id: p for p in leetcode}
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    with Sandbox(concurrency=2) as sb:
+        yield sb
