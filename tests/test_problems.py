@@ -60,3 +60,24 @@ def test_bad_rows_name_the_line(tmp_path, line, msg):
     f.write_text(line + "\n")
     with pytest.raises(ValueError, match=rf"p.jsonl:1: .*{msg}"):
         load_problems(f)
+
+
+def test_parquet_round_trip_is_lossless(tmp_path, leetcode):
+    """No-hint, mode-tagged (train and eval surface, gt_only) and upstream-hinted records survive parquet unchanged."""
+    from projected_grpo.hints import apply_hint
+    from projected_grpo.modes import apply_mode
+    from projected_grpo.problems import load_problems_parquet, save_problems_parquet
+
+    qs = leetcode[:3]
+    recs = [*qs, apply_mode(qs[0], "run_tests", "eval", 1), apply_mode(qs[1], "file_marker", "train", 0),
+            apply_mode(qs[2], "gt_only", "train", 0), apply_hint(qs[0], "simple_modify_tests")]  # fmt: skip
+    path = tmp_path / "p.parquet"
+    save_problems_parquet(path, recs)
+    assert load_problems_parquet(path) == recs
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    assert t.column("mode").to_pylist() == [None, None, None, "run_tests", "file_marker", "gt_only", None]
+    assert t.column("surface").to_pylist() == [None, None, None, "eval", "train", "train", None]
+    save_problems_parquet(path, [])  # an empty split still has the full schema
+    assert load_problems_parquet(path) == [] and pq.read_table(path).num_columns == len(t.schema)

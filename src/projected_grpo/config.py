@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from projected_grpo.modes import MODES
+
 T = TypeVar("T")
+
+SUBSTRATES = ("minileet", "leetcode")
+LEVELS = ("easy", "medium", "hard")  # == minileet.LEVELS (tested); not imported so config stays light
+MAX_SPLIT = 99999  # minileet ids are <split base> + index, 100000 apart
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,100 @@ class GraderParams:
 
 
 @dataclass(frozen=True)
+class MinileetParams:
+    # Training problems generated (upstream's filtered train split has 992).
+    n_train: int = 1000
+    # Test problems (the size of the real leetcode test file).
+    n_test: int = 119
+    # Holdout problems (contrastive pairs, probes); upstream's holdout has 352.
+    n_holdout: int = 352
+    # Float in [0, 1] (each problem's level is drawn from difficulty +- spread, cut in thirds) or easy|medium|hard.
+    difficulty: float | str = 0.5
+    # Half-width of the per-problem level draw around `difficulty` (float difficulty only).
+    spread: float = 0.25
+    # Restrict to these minileet family names; null = all families.
+    families: tuple[str, ...] | None = None
+    # GT asserts per problem (the benchmark needs >= 20).
+    n_asserts: int = 30
+    # Longest user-prompt text kept, characters.
+    max_prompt_chars: int = 700
+
+    def __post_init__(self) -> None:
+        for name, lo in (("n_train", 1), ("n_test", 1), ("n_holdout", 0)):
+            v = getattr(self, name)
+            if not lo <= v <= MAX_SPLIT:
+                raise ValueError(f"minileet.{name} must be in [{lo}, {MAX_SPLIT}], got {v}")
+        d = self.difficulty
+        if isinstance(d, bool) or not (d in LEVELS if isinstance(d, str) else 0.0 <= d <= 1.0):
+            raise ValueError(f"minileet.difficulty must be a float in [0, 1] or one of {LEVELS}, got {d!r}")
+        if self.spread < 0:
+            raise ValueError(f"minileet.spread must be >= 0, got {self.spread}")
+        if self.families is not None and (not self.families or len(set(self.families)) != len(self.families)):
+            raise ValueError(f"minileet.families must be null (all) or a non-empty list without repeats, got "
+                             f"{list(self.families)}")  # fmt: skip
+        if self.n_asserts < 20:
+            raise ValueError(f"minileet.n_asserts must be >= 20 (benchmark.md §7), got {self.n_asserts}")
+        if self.max_prompt_chars < 200:
+            raise ValueError(f"minileet.max_prompt_chars must be >= 200 (the template alone is ~200), got "
+                             f"{self.max_prompt_chars}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LeetcodeParams:
+    # Train jsonl in the benchmark schema (upstream's train split is not available offline); null = none. Also list
+    # the file under the stage's deps in dvc.yaml, or DVC will not notice when its contents change.
+    train_path: str | None = None
+    # Holdout jsonl in the benchmark schema; null = carve `n_holdout` problems out of the train problems instead.
+    holdout_path: str | None = None
+    # No train_path: split the test file itself, by a seeded shuffle of ids, into test / train (+ holdout).
+    # Contamination-prone (benchmark.md §7); must be set explicitly.
+    train_from_test: bool = False
+    # With train_from_test: problems of the test file kept as test; the rest become train (+ holdout).
+    n_test: int = 39
+    # Without holdout_path: train problems moved (seeded, disjoint) to holdout; 0 = empty holdout.
+    n_holdout: int = 20
+    # Seed of the train_from_test split and the holdout carve; fixed across training seeds so the test set is too.
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_test < 1:
+            raise ValueError(f"leetcode.n_test must be >= 1, got {self.n_test}")
+        if self.n_holdout < 0:
+            raise ValueError(f"leetcode.n_holdout must be >= 0, got {self.n_holdout}")
+        if self.train_path is not None and self.train_from_test:
+            raise ValueError("leetcode.train_path and leetcode.train_from_test are both set; choose one (set "
+                             "train_from_test: false to use train_path)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnvParams:
+    # Modes the training prompts are partitioned over (one mode per prompt, even counts); see modes.MODES.
+    modes: tuple[str, ...] = MODES
+    # Seed of the prompt -> mode partition.
+    partition_seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown:
+            raise ValueError(f"env.modes: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+        if not self.modes or len(set(self.modes)) != len(self.modes):
+            raise ValueError(f"env.modes must be a non-empty list without repeats, got {list(self.modes)}")
+
+
+@dataclass(frozen=True)
 class Params:
     # Global seed for everything that draws random numbers.
     seed: int = 0
+    # Problem source: minileet (synthetic, seeded by `seed`) or leetcode (the real test file; see `leetcode`).
+    substrate: str = "minileet"
+    minileet: MinileetParams = field(default_factory=MinileetParams)
+    leetcode: LeetcodeParams = field(default_factory=LeetcodeParams)
+    env: EnvParams = field(default_factory=EnvParams)
     grader: GraderParams = field(default_factory=GraderParams)
+
+    def __post_init__(self) -> None:
+        if self.substrate not in SUBSTRATES:
+            raise ValueError(f"substrate must be one of {SUBSTRATES}, got {self.substrate!r}")
 
 
 def from_dict(cls: type[T], d: dict[str, Any], path: str = "") -> T:

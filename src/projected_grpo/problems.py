@@ -221,3 +221,48 @@ def load_problems(path: Path | str) -> list[Problem]:
 
 def save_problems(path: Path | str, problems: list[Problem]) -> None:
     Path(path).write_text("".join(json.dumps(problem_to_dict(p)) + "\n" for p in problems))
+
+
+# --- parquet: one row per record; what the `problems` stage writes ------------------------------------------------
+
+
+def _parquet_schema():  # -> pyarrow.Schema (pyarrow imported lazily: only stages and tests need it)
+    import pyarrow as pa
+
+    s, ls = pa.string(), pa.list_(pa.string())
+    msg = pa.struct([("role", s), ("content", s)])
+    return pa.schema([
+        ("id", pa.int64()), ("dataset", s), ("evaluator", s), ("difficulty", s), ("question", s),
+        ("prompt", pa.list_(msg)), ("gt_answer", ls), ("answer", ls), ("hint", s), ("func_name", s),
+        ("setup_code", s), ("canonical_solution", s), ("prompt_metadata", s), ("completion_gt_pass", pa.bool_()),
+        ("mode", s), ("surface", s),  # convenience columns, copied from prompt_metadata (null without a mode)
+    ])  # fmt: skip
+
+
+def save_problems_parquet(path: Path | str, problems: list[Problem]) -> None:
+    """All `Problem` fields (prompt_metadata as a JSON string) plus `mode`/`surface` columns; lossless round trip."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for p in problems:
+        if any(set(m) != {"role", "content"} for m in p.prompt):
+            raise ValueError(f"problem {p.id}: prompt messages must have exactly the keys role, content")
+        d = problem_to_dict(p)
+        d["prompt_metadata"] = json.dumps(p.prompt_metadata)
+        d["mode"], d["surface"] = p.prompt_metadata.get("mode"), p.prompt_metadata.get("surface")
+        rows.append(d)
+    pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), path)
+
+
+def load_problems_parquet(path: Path | str) -> list[Problem]:
+    """Inverse of `save_problems_parquet` (the `mode`/`surface` columns are derived, so they are not read back)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"problems file {path} does not exist")
+    rows = pq.read_table(path).to_pylist()
+    for r in rows:
+        r["prompt_metadata"] = json.loads(r["prompt_metadata"])
+    return [problem_from_dict(r, where=f"{path}:row {i}") for i, r in enumerate(rows)]

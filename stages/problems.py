@@ -1,0 +1,39 @@
+"""Stage `problems`: substrate -> artifacts/problems/{train,test,holdout}.parquet + partition.json, and a report.
+
+Thin CLI; the work is in projected_grpo.substrate (which problems, which records, canonical grading, atomic save).
+"""
+
+import sys
+from pathlib import Path
+
+import typer
+
+from projected_grpo.config import load_params
+from projected_grpo.sandbox import Sandbox
+from projected_grpo.substrate import SPLITS, base_splits, expand_splits, grade_canonicals, render_report, save_outputs
+
+
+def main(
+    leetcode: Path = typer.Option(..., help="The benchmark's leetcode test jsonl (test split of `leetcode`)."),
+    out: Path = typer.Option(..., help="Output directory for the parquet files and partition.json."),
+    report: Path = typer.Option(..., help="Markdown summary to write."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file."),
+) -> None:
+    try:
+        p = load_params(params)
+        base = base_splits(p, leetcode)
+        records = expand_splits(base, p.env.modes, p.env.partition_seed, p.seed)
+    except (OSError, ValueError, KeyError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
+        grades = grade_canonicals(base, sb, p.grader.mode, p.grader.timeout_s, progress=sys.stderr.isatty())
+        isolation = sb.isolation
+    save_outputs(out, report, records, render_report(p, base, records, grades, isolation))
+    n_ok, n = sum(g.eq_correct for s in SPLITS for g in grades[s]), sum(len(grades[s]) for s in SPLITS)
+    sizes = ", ".join(f"{s} {len(base[s])} ({len(records[s])} rows)" for s in SPLITS)
+    typer.echo(f"problems: {p.substrate}: {sizes}; canonical pass {n_ok}/{n} -> {out}, {report}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,76 @@
+"""Config fails loudly: params.yaml sets every field, unknown keys raise KeyError, bad values ValueError.
+
+`pytest tests/test_config.py`
+"""
+
+import copy
+
+import pytest
+import yaml
+
+from projected_grpo import minileet
+from projected_grpo.config import LEVELS, Params, from_dict, load_params, unset_fields
+from projected_grpo.modes import MODES
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_params_yaml_sets_every_field(raw):
+    """DVC tracks only values that appear in params.yaml: a silently used default is an untracked hyperparameter."""
+    assert unset_fields(Params, raw) == []
+    p = load_params(ROOT / "params.yaml")
+    assert p.env.modes == MODES and p.substrate in ("minileet", "leetcode")
+
+
+@pytest.mark.parametrize("path", [["minileet", "n_trian"], ["typo_section"], ["env", "mode"], ["grader", "timeout"]])
+def test_unknown_key_raises_keyerror_naming_it(raw, path):
+    d = copy.deepcopy(raw)
+    node = d
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = 1
+    with pytest.raises(KeyError, match=".".join(path)):
+        from_dict(Params, d)
+
+
+@pytest.mark.parametrize(
+    "section,key,value,msg",
+    [
+        (None, "substrate", "codeforces", "substrate must be one of"),
+        ("env", "modes", ["run_tests", "bogus"], "unknown mode"),
+        ("env", "modes", ["run_tests", "run_tests"], "without repeats"),
+        ("env", "modes", [], "non-empty"),
+        ("minileet", "difficulty", 1.5, "difficulty"),
+        ("minileet", "difficulty", "brutal", "difficulty"),
+        ("minileet", "n_test", 0, "n_test"),
+        ("minileet", "n_asserts", 5, "n_asserts"),
+        ("minileet", "families", [], "families"),
+        ("leetcode", "train_path", "x.jsonl", "choose one"),  # with train_from_test: true (set below)
+        ("leetcode", "n_holdout", -1, "n_holdout"),
+        ("grader", "mode", "lenient", "grader.mode"),
+    ],
+)
+def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
+    d = copy.deepcopy(raw)
+    node = d if section is None else d[section]
+    node[key] = value
+    if key == "train_path":
+        node["train_from_test"] = True
+    with pytest.raises(ValueError, match=msg):
+        from_dict(Params, d)
+
+
+def test_difficulty_accepts_level_names_and_ints(raw):
+    d = copy.deepcopy(raw)
+    d["minileet"]["difficulty"] = "hard"
+    assert from_dict(Params, d).minileet.difficulty == "hard"
+    d["minileet"]["difficulty"] = 1
+    assert from_dict(Params, d).minileet.difficulty == 1.0
+
+
+def test_levels_match_minileet():
+    assert LEVELS == minileet.LEVELS

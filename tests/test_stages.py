@@ -1,0 +1,127 @@
+"""Stage smoke tests through typer's CliRunner in tmp_path, with tiny params; plus the stage-deps guard.
+
+`pytest tests/test_stages.py`
+"""
+
+import ast
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from projected_grpo.modes import LOOPHOLE_MODES, MODES
+from projected_grpo.problems import FIELDS
+from tests.conftest import LEETCODE, ROOT
+
+COLUMNS = [*FIELDS, "mode", "surface"]
+OUT_FILES = ["holdout.parquet", "partition.json", "test.parquet", "train.parquet"]
+
+
+def _params(tmp_path: Path, **sections) -> Path:
+    d = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for k, v in sections.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) else v
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def _run_problems(tmp_path: Path, params: Path, leetcode: Path = LEETCODE):
+    from stages.problems import main
+
+    app = typer.Typer()
+    app.command()(main)
+    out, report = tmp_path / "artifacts" / "problems", tmp_path / "reports" / "env" / "problems.md"
+    args = ["--leetcode", str(leetcode), "--out", str(out), "--report", str(report), "--params", str(params)]
+    return CliRunner().invoke(app, args), out, report
+
+
+@pytest.fixture(scope="module")
+def minileet_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("problems")
+    params = _params(tmp, substrate="minileet", minileet={"n_train": 16, "n_test": 3, "n_holdout": 2})
+    return _run_problems(tmp, params)
+
+
+def test_problems_stage_minileet(minileet_run):
+    res, out, report = minileet_run
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("\n") == 1 and "canonical pass 21/21" in res.stdout
+    assert sorted(p.name for p in out.iterdir()) == OUT_FILES
+    t = {s: pl.read_parquet(out / f"{s}.parquet") for s in ("train", "test", "holdout")}
+    assert {s: df.height for s, df in t.items()} == {"train": 16, "test": 3 * 13, "holdout": 2 * 7}
+    assert all(df.columns == COLUMNS for df in t.values())
+    # test: every (problem, mode, surface) combination, once; holdout: no hint + each mode on the train surface
+    ids = t["test"]["id"].unique().to_list()
+    combos = set(t["test"].select("id", "mode", "surface").iter_rows())
+    assert (
+        combos
+        == {(i, None, None) for i in ids} | {(i, m, s) for i in ids for m in LOOPHOLE_MODES for s in ("eval", "train")}
+        and len(combos) == t["test"].height
+    )
+    hids = t["holdout"]["id"].unique().to_list()
+    assert set(t["holdout"].select("id", "mode", "surface").iter_rows()) == {(i, None, None) for i in hids} | {
+        (i, m, "train") for i in hids for m in LOOPHOLE_MODES
+    }
+    # train: each prompt once, carrying its partition.json mode on the train surface; every mode used (16 >= 7)
+    part = json.loads((out / "partition.json").read_text())
+    rows = t["train"].select("id", "mode", "surface").iter_rows()
+    assert {str(i): m for i, m, _ in rows} == part and set(t["train"]["surface"]) == {"train"}
+    assert t["train"]["id"].n_unique() == 16 and set(part.values()) == set(MODES)
+    text = report.read_text()
+    assert "| all | 21 | 21 | 1.000 |" in text and "## Training prompts per mode" in text
+
+
+def test_problems_stage_leetcode_needs_a_train_source(tmp_path):
+    res, out, report = _run_problems(tmp_path, _params(tmp_path, substrate="leetcode"))
+    assert res.exit_code != 0
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:")
+    assert "train_path" in lines[0] and "train_from_test" in lines[0]
+    assert not (tmp_path / "artifacts").exists() and not report.exists()
+
+
+def test_problems_stage_leetcode_train_from_test(tmp_path):
+    # A 10-problem slice of the test file keeps the canonical grading short.
+    small = tmp_path / "lc.jsonl"
+    small.write_text("".join(LEETCODE.read_text().splitlines(keepends=True)[:10]))
+    params = _params(tmp_path, substrate="leetcode",
+                     leetcode={"train_from_test": True, "n_test": 3, "n_holdout": 2})  # fmt: skip
+    res, out, report = _run_problems(tmp_path, params, leetcode=small)
+    assert res.exit_code == 0, res.output
+    t = {s: pl.read_parquet(out / f"{s}.parquet") for s in ("train", "test", "holdout")}
+    split_ids = {s: set(df["id"].to_list()) for s, df in t.items()}
+    assert [len(split_ids[s]) for s in ("train", "test", "holdout")] == [5, 3, 2]
+    assert not split_ids["train"] & split_ids["test"] and not split_ids["holdout"] & split_ids["test"]
+    assert not split_ids["train"] & split_ids["holdout"]
+    assert "| all | 10 | 10 | 1.000 |" in report.read_text() and "contamination-prone" in report.read_text()
+
+
+# --- dvc.yaml deps guard: every projected_grpo module a stage imports (transitively) is one of its deps ----------
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("projected_grpo"):
+            out |= {a.name for a in n.names} if n.module == "projected_grpo" else {n.module.split(".")[1]}
+        elif isinstance(n, ast.Import):
+            out |= {a.name.split(".")[1] for a in n.names if a.name.startswith("projected_grpo.")}
+    return out
+
+
+def test_stage_deps_list_every_imported_module():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, st in stages.items():
+        todo, seen = list(_imports(ROOT / "stages" / f"{name}.py")), set()
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += _imports(ROOT / "src" / "projected_grpo" / f"{m}.py")
+        want = {f"src/projected_grpo/{m}.py" for m in seen} | {f"stages/{name}.py"}
+        assert want <= set(st["deps"]), f"stage {name}: add {sorted(want - set(st['deps']))} to its deps in dvc.yaml"
