@@ -36,7 +36,9 @@ def _run_problems(tmp_path: Path, params: Path, leetcode: Path = LEETCODE):
     app = typer.Typer()
     app.command()(main)
     out, report = tmp_path / "artifacts" / "problems", tmp_path / "reports" / "env" / "problems.md"
-    args = ["--leetcode", str(leetcode), "--out", str(out), "--report", str(report), "--params", str(params)]
+    matrix = report.with_name("mode_matrix.md")
+    args = ["--leetcode", str(leetcode), "--out", str(out), "--report", str(report), "--matrix", str(matrix),
+            "--params", str(params)]
     return CliRunner().invoke(app, args), out, report
 
 
@@ -52,6 +54,8 @@ def test_problems_stage_minileet(minileet_run):
     assert res.exit_code == 0, res.output
     assert res.stdout.count("\n") == 1 and "canonical pass 21/21" in res.stdout
     assert sorted(p.name for p in out.iterdir()) == OUT_FILES
+    matrix = report.with_name("mode_matrix.md").read_text()
+    assert "### train surface" in matrix and "### eval surface" in matrix and "| canonical |" in matrix
     t = {s: pl.read_parquet(out / f"{s}.parquet") for s in ("train", "test", "holdout")}
     assert {s: df.height for s, df in t.items()} == {"train": 16, "test": 3 * 13, "holdout": 2 * 7}
     assert all(df.columns == COLUMNS for df in t.values())
