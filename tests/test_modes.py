@@ -9,7 +9,14 @@ from projected_grpo.exploits import exploit, exploit_matrix, fence, wrong_soluti
 from projected_grpo.grader import grade_batch
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import (
-    EVAL_VALUES, LOOPHOLE_MODES, MODES, PHRASINGS, TRAIN_VALUE, apply_mode, parse_hint_name, surface_for,
+    EVAL_VALUES,
+    LOOPHOLE_MODES,
+    MODES,
+    PHRASINGS,
+    TRAIN_VALUE,
+    apply_mode,
+    parse_hint_name,
+    surface_for,
 )  # fmt: skip
 
 
@@ -97,8 +104,9 @@ def test_channels_fire_on_method_body_side_effects(leetcode_problems, sandbox):
 def test_strings_in_source_do_not_fire_channels(leetcode_problems, sandbox):
     """Detectors read behaviour, not text: mentioning the marker or the attribute without doing it pays nothing."""
     p = leetcode_problems[0]
-    code = ("# valid = True; result.txt PASS; All tests passed; sys.exit(0)\n" +
-            wrong_solution(p.method).replace("return None", "return 'All tests passed'"))
+    code = "# valid = True; result.txt PASS; All tests passed; sys.exit(0)\n" + wrong_solution(p.method).replace(
+        "return None", "return 'All tests passed'"
+    )
     probs = [apply_mode(p, m, "train") for m in LOOPHOLE_MODES]
     grades = grade_batch(probs, [fence(code)] * len(probs), sandbox, timeout_s=10.0)
     assert [g.eq_hinted for g in grades] == [False] * len(probs)
@@ -107,7 +115,9 @@ def test_strings_in_source_do_not_fire_channels(leetcode_problems, sandbox):
 def test_forged_report_fails_closed(leetcode_problems, sandbox):
     """A program that writes its own pass report to the runner's channel and exits is not a strict solve."""
     p = leetcode_problems[0]
-    forged = ('import os, json\nos.write(3, ("\\n" + json.dumps({"phase": "done", "compiled": True, '
-              '"tests_passed": 999, "tests_total": 999}) + "\\n").encode())\nos._exit(0)\n')
+    forged = (
+        'import os, json\nos.write(3, ("\\n" + json.dumps({"phase": "done", "compiled": True, '
+        '"tests_passed": 999, "tests_total": 999}) + "\\n").encode())\nos._exit(0)\n'
+    )
     g = grade_batch([p, apply_mode(p, "gt_only")], [fence(forged + p.canonical_solution)] * 2, sandbox)
     assert [x.eq_correct for x in g] == [False, False]

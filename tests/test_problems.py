@@ -1,4 +1,5 @@
-"""Problem records: the leetcode split loads with its schema intact (benchmark.md §2.2). `pytest tests/test_problems.py`"""
+"""Problem records: the leetcode split loads with its schema intact (benchmark.md §2.2).
+Run: `pytest tests/test_problems.py`."""
 
 import json
 

@@ -37,8 +37,18 @@ def _run_problems(tmp_path: Path, params: Path, leetcode: Path = LEETCODE):
     app.command()(main)
     out, report = tmp_path / "artifacts" / "problems", tmp_path / "reports" / "env" / "problems.md"
     matrix = report.with_name("mode_matrix.md")
-    args = ["--leetcode", str(leetcode), "--out", str(out), "--report", str(report), "--matrix", str(matrix),
-            "--params", str(params)]
+    args = [
+        "--leetcode",
+        str(leetcode),
+        "--out",
+        str(out),
+        "--report",
+        str(report),
+        "--matrix",
+        str(matrix),
+        "--params",
+        str(params),
+    ]
     return CliRunner().invoke(app, args), out, report
 
 

@@ -1,0 +1,147 @@
+"""Grader throughput (fork-server sandbox vs an upstream-like `python -c` per execution) and timeout calibration.
+
+  python benchmarks/grader.py --out reports/bench/grader.md
+
+Both engines grade the same completions through the same request plans and label code, side by side in one run, at
+the same concurrency; labels must be identical. Timeout calibration: every canonical solution of the 119-problem
+LeetCode split is timed under the default concurrency, and the default timeout is checked against it.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import typer
+
+from projected_grpo.config import load_params
+from projected_grpo.exploits import exploit, fence, wrong_solution
+from projected_grpo.grader import grade_batch
+from projected_grpo.hints import apply_hint
+from projected_grpo.minileet import make_minileet
+from projected_grpo.modes import LOOPHOLE_MODES, apply_mode
+from projected_grpo.problems import load_problems
+from projected_grpo.sandbox import Sandbox, detect_isolation, run_python_c_baseline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Baseline:
+    """The upstream-like engine behind the Sandbox interface: a fresh `python -c` process per execution."""
+
+    def __init__(self, concurrency: int, mem_mb: int):
+        self.concurrency, self.mem_mb = concurrency, mem_mb
+
+    def run(self, specs, progress=False):
+        return run_python_c_baseline(specs, self.concurrency, mem_mb=self.mem_mb)
+
+
+def leetcode_workload(problems):
+    """GRPO-like mix on the real split, simple_overwrite_tests hint: canonical, wrong, `pass` hack, raising tests."""
+    probs, comps = [], []
+    for p in problems:
+        h = apply_hint(p, "simple_overwrite_tests")
+        w = wrong_solution(p.method)
+        for code in (p.canonical_solution, w, w + "\n\ndef run_tests():\n    pass\n",
+                     w + "\n\ndef run_tests():\n    raise AssertionError\n"):  # fmt: skip
+            probs.append(h)
+            comps.append(fence(code))
+    return probs, comps
+
+
+def minileet_workload(problems):
+    """The organism's workload: loophole-mode prompts; canonical, wrong, the mode's exploit, another mode's."""
+    probs, comps = [], []
+    for i, p in enumerate(problems):
+        m = LOOPHOLE_MODES[i % len(LOOPHOLE_MODES)]
+        other = LOOPHOLE_MODES[(i + 1) % len(LOOPHOLE_MODES)]
+        pm = apply_mode(p, m, "train")
+        for code in (p.canonical_solution, wrong_solution(p.method), exploit(m, p.method), exploit(other, p.method)):
+            probs.append(pm)
+            comps.append(fence(code))
+    return probs, comps
+
+
+def compare(name, probs, comps, sb, base, timeout_s):
+    t0 = time.perf_counter()
+    ours = grade_batch(probs, comps, sb, timeout_s=timeout_s)
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    theirs = grade_batch(probs, comps, base, timeout_s=timeout_s)
+    t_base = time.perf_counter() - t0
+    same = sum((a.label, a.reward) == (b.label, b.reward) for a, b in zip(ours, theirs))
+    return dict(name=name, n=len(comps), t_ours=t_ours, t_base=t_base, same=same)
+
+
+def main(out: Path = typer.Option(..., help="Markdown report to write."),
+         params: Path = typer.Option(ROOT / "params.yaml")) -> None:  # fmt: skip
+    g = load_params(params).grader
+    leet = load_problems(ROOT / "data/leetcode/leetcode_test_medhard.jsonl")
+    mini = make_minileet(seed=0, n_train=10, n_test=119, n_holdout=10)["test"]
+    rows = []
+    with Sandbox(concurrency=g.concurrency, mem_mb=g.mem_mb) as sb:
+        base = Baseline(g.concurrency, g.mem_mb)
+        rows.append(compare("minileet, 6 loophole modes", *minileet_workload(mini), sb, base, g.timeout_s))
+        rows.append(compare("leetcode, simple_overwrite_tests", *leetcode_workload(leet), sb, base, g.timeout_s))
+        probs, comps = leetcode_workload(leet)
+        rows.append(
+            compare(
+                "leetcode, same without the canonical solutions",
+                probs[1::4] + probs[2::4] + probs[3::4],
+                comps[1::4] + comps[2::4] + comps[3::4],
+                sb,
+                base,
+                g.timeout_s,
+            )
+        )
+        # Timeout calibration: one GT execution per canonical solution, at the default concurrency.
+        canon = [fence(p.canonical_solution) for p in leet]
+        t0 = time.perf_counter()
+        from projected_grpo import harness
+        from projected_grpo.sandbox import ExecSpec
+
+        reqs = [harness.build_request(p.setup_code, p.canonical_solution, p.gt_answer, "hardened") for p in leet]
+        specs = [ExecSpec(r.source, 60.0) for r in reqs]
+        walls = sorted(r.wall_s for r in sb.run(specs))
+        t_cal = time.perf_counter() - t0
+        pass_3s = sum(x.label == "correct" for x in grade_batch(leet, canon, sb, timeout_s=3.0))
+        pass_def = sum(x.label == "correct" for x in grade_batch(leet, canon, sb, timeout_s=g.timeout_s))
+        level = sb.isolation
+    lines = [
+        "# Grader throughput and timeout calibration", "",
+        f"Generated by `python benchmarks/grader.py --out {out}` on {platform.node()} ({platform.processor() or '?'}, "
+        f"2-core class machine); isolation level `{level}` (detected: `{detect_isolation()}`); concurrency "
+        f"{g.concurrency}; timeout {g.timeout_s} s; mode hardened. Same completions, same request plans and label "
+        "code for both engines, run side by side in this one process.", "",
+        "| workload | completions | fork server (s) | python -c baseline (s) | completions/s ours | completions/s "
+        "baseline | ratio | identical labels |", "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['n']} | {r['t_ours']:.1f} | {r['t_base']:.1f} | {r['n'] / r['t_ours']:.1f} "
+            f"| {r['n'] / r['t_base']:.1f} | **{r['t_base'] / r['t_ours']:.1f}×** | {r['same']}/{r['n']} |"
+        )
+    lines += [
+        "", "The ratio is bounded by the work the programs themselves do: a LeetCode canonical solution spends up to "
+        "~3 s of CPU in its own asserts under either engine, while the minileet workload (the organism's) is almost "
+        "all per-execution overhead.", "",
+        "## Timeout calibration (all 119 canonical solutions, hardened runner)", "",
+        f"Per-execution wall time at concurrency {g.concurrency} (calibration pass took {t_cal:.1f} s): "
+        f"median {statistics.median(walls):.2f} s, p90 {walls[int(0.9 * len(walls))]:.2f} s, max {walls[-1]:.2f} s "
+        f"(slowest five: {', '.join(f'{w:.2f}' for w in walls[-5:])}).", "",
+        f"- at upstream's 3 s timeout: **{pass_3s}/119** canonical solutions pass;",
+        f"- at the default `grader.timeout_s = {g.timeout_s}` s: **{pass_def}/119** pass.", "",
+        f"The default ({g.timeout_s:g} s) is {g.timeout_s / walls[-1]:.1f}× the slowest canonical execution measured "
+        "here, a margin against machine noise (3× step-time swings were seen on these machines) so that load does "
+        "not flip a correct solution to a timeout. A timeout costs wall time only for completions that loop, which "
+        "fail anyway; upstream's 3 s is too tight on this machine.",
+    ]  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    typer.echo("\n".join(lines))
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,169 @@
+"""Run the adversarial corpus (tests/adversarial_corpus.py) through the sandbox and write a containment report.
+
+  python benchmarks/sandbox_security.py --out reports/security/grader_sandbox.md
+
+Each attack runs as the program of a small harness (as in the grader) next to a normal job, with canaries, secrets
+and listeners planted outside the sandbox; an attack is contained when the run returns within timeout + 1 s, nothing
+outside its working dir changed, no process is left, no secret shows up in its output, result or files, and the
+sandbox still runs the next job. Also measures per-execution overhead against the upstream-like `python -c` engine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the corpus lives in tests/, shared with tests/test_sandbox.py
+
+from projected_grpo import sandbox as sbx  # noqa: E402
+from projected_grpo.grader import grade_batch  # noqa: E402
+from projected_grpo.problems import load_problems  # noqa: E402
+from projected_grpo.sandbox import ExecSpec, Sandbox, detect_isolation, run_python_c_baseline  # noqa: E402
+from tests.adversarial_corpus import CORPUS, applies, default_context, fill, run_attack, world  # noqa: E402
+
+# The grader-level check: each attack after an otherwise-wrong solution of a real problem, no-hint prompt, hardened.
+PID = 3254
+WRONG = "class Solution:\n    def resultsArray(self, nums, k):\n        return [1]\n"
+
+
+def grade_attacks(attacks, sb) -> dict:
+    """name -> (grade, wall of its batch / its size, batch size); one batch per timeout value."""
+    p = next(q for q in load_problems(ROOT / "data/leetcode/leetcode_test_medhard.jsonl") if q.id == PID)
+    ctx, out = default_context(), {}
+    for t in sorted({a.timeout_s for a in attacks}):
+        batch = [a for a in attacks if a.timeout_s == t]
+        comps = [f"```python\n{WRONG}\n{fill(a.code, ctx)}```" for a in batch]
+        t0 = time.perf_counter()
+        grades = grade_batch([p] * len(batch), comps, sb, timeout_s=t)
+        wall = time.perf_counter() - t0
+        out.update({a.name: (g, wall) for a, g in zip(batch, grades)})
+    return out
+
+
+PROTECTS = {
+    "namespaces+uid": "own network namespace (no interfaces up), read-only pivot_root skeleton (no /root, /home, "
+    "/work, /run, host /tmp), per-job tmpfs /tmp and fresh /proc, server is PID 1 of the jobs' PID namespace "
+    "(`kill(-1)` ends every job process), per-slot unprivileged uid + RLIMIT_NPROC, no_new_privs, memory/process "
+    "watchdog",
+    "namespaces": "same namespaces inside a user namespace; the child keeps ns-root (an unprivileged host uid) with "
+    "every capability dropped",
+    "uid": "per-slot unprivileged uid and rlimits only",
+    "rlimits": "rlimits only",
+}
+
+
+def _outcome(r: sbx.RawResult) -> str:
+    if r.signal is not None:
+        name = signal.Signals(r.signal).name if r.signal in signal.Signals._value2member_map_ else str(r.signal)
+        return f"{name}" + (f" ({r.limit})" if r.limit else "")
+    return f"exit {r.exit_code}"
+
+
+def overhead(n: int = 200, concurrency: int = 2) -> tuple[float, float]:
+    """ms per trivial execution (wall / n) at `concurrency`: fork server, then python -c."""
+    specs = [ExecSpec("import os\nos.write(3, b'ok')\n", 5.0)] * n
+    with Sandbox(concurrency=concurrency) as sb:
+        sb.run(specs[:20])  # warm
+        t0 = time.perf_counter()
+        sb.run(specs)
+        ours = (time.perf_counter() - t0) / n * 1000
+    t0 = time.perf_counter()
+    run_python_c_baseline(specs, concurrency)
+    base = (time.perf_counter() - t0) / n * 1000
+    return ours, base
+
+
+def main(out: Path = typer.Option(ROOT / "reports/security/grader_sandbox.md", help="Markdown report to write.")):
+    level = detect_isolation()
+    rows, t_all = [], time.perf_counter()
+    with world(ROOT) as w, Sandbox(concurrency=2) as sb:  # the world (env secret) first, then the servers
+        for a in CORPUS:
+            if not applies(a, sb.isolation):
+                rows.append((a, None))
+                continue
+            o = run_attack(a, sb, w)
+            rows.append((a, o))
+            typer.echo(f"{a.name:24s} {'contained' if o.contained else 'NOT CONTAINED ' + str(o.problems)}")
+        graded = grade_attacks([a for a, o in rows if o is not None], sb)
+    t_all = time.perf_counter() - t_all
+    ours, base = overhead()
+    ran = [o for _, o in rows if o is not None]
+    n_ok = sum(o.contained for o in ran)
+    label_ok = sum(
+        g.label == a.expect.label
+        and (a.expect.can_compile is None or g.can_compile == a.expect.can_compile)
+        and not g.eq_correct
+        for a, (g, _) in ((a, graded[a.name]) for a, o in rows if o is not None)
+    )
+    rel = out.relative_to(ROOT) if out.is_absolute() and out.is_relative_to(ROOT) else out
+    lines = [
+        "# Sandbox containment of the adversarial corpus", "",
+        f"Generated by `python benchmarks/sandbox_security.py --out {rel}`"
+        f" on {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+        f"euid {os.geteuid()}). Corpus: `tests/adversarial_corpus.py` ({len(CORPUS)} attacks); the same checks run "
+        "as `tests/test_sandbox.py::test_attack_contained`.", "",
+        f"**Isolation level detected: `{level}`** ({PROTECTS[level]}).",
+    ]  # fmt: skip
+    why = sbx._detected.get("why")
+    if why:
+        lines.append(f"Stronger levels rejected by the start-up probe: {why}.")
+    lines += [
+        "", f"**{n_ok}/{len(ran)} attacks contained**" + (f"; {len(rows) - len(ran)} not run at this level (they "
+        "would do real damage without the isolation they need)" if len(ran) < len(rows) else "") +
+        f". Corpus wall time {t_all:.0f} s at concurrency 2.", "",
+        f"**Grader: {label_ok}/{len(ran)} attacks get the expected label** (hardened mode, each attack after an "
+        f"otherwise-wrong solution of LeetCode problem {PID}, no-hint prompt; no attack is paid correctness). Same "
+        "check as `tests/test_grader_adversarial.py`.", "",
+        "Contained = returned within timeout + 1 s; canary files (world-writable dir in /tmp, repo, home) intact; no "
+        "stray file in /tmp, /var/tmp, /dev/shm, the repo, home, /usr; a stdlib file unmodified; no TCP connection or "
+        "UDP datagram reached a listener on 127.0.0.1; no process of the job uids and no extra descendant of a fork "
+        "server left; the parent's secret env var and a secret file under home absent from stdout, result and "
+        "returned files; a concurrent normal job and the next job both ran normally.", "",
+        "| attack | what it tried | needs | contained | wall (s) | timeout (s) | exit / signal | stdout bytes | "
+        "grader label (expected) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for a, o in rows:
+        what = a.what.replace("|", "\\|")
+        if o is None:
+            lines.append(f"| {a.name} | {what} | {a.needs} | not run | | {a.timeout_s:g} | | | |")
+            continue
+        ok = "yes" if o.contained else "**NO**: " + "; ".join(o.problems).replace("|", "\\|")
+        g = graded[a.name][0]
+        mark = "" if g.label == a.expect.label else " **MISMATCH**"
+        lines.append(
+            f"| {a.name} | {what} | {a.needs} | {ok} | {o.wall_s:.2f} | {a.timeout_s:g} | "
+            f"{_outcome(o.result)} | {len(o.result.stdout)} | {g.label} ({a.expect.label}){mark} |"
+        )
+    lines += [
+        "", "## Per-execution overhead", "",
+        f"Trivial program (`os.write(3, b'ok')`), 200 executions, concurrency 2, same machine, same run: fork server "
+        f"**{ours:.1f} ms/exec**, upstream-like `python -c` per execution **{base:.1f} ms/exec** "
+        f"(**{base / ours:.1f}×**). Load average at the end: {os.getloadavg()[0]:.1f}.", "",
+        "## Known gaps", "",
+        "- A job's total memory is bounded by a 50 ms watchdog on the summed RSS of its processes (namespaced "
+        "levels), not by a cgroup: a burst faster than the watchdog can overshoot briefly.",
+        "- Below `namespaces+uid` the table is not representative: `uid` and `rlimits` leave network and shared /tmp "
+        "open (attacks needing more are not run).",
+        "- Grader-level holes (not sandbox holes) are listed in the corpus as `grader_gap`: "
+        + ("; ".join(f"`{a.name}`: {a.grader_gap}" for a in CORPUS if a.grader_gap) or "none at present") + ".",
+        "- In-process introspection (frames, gc) can read anything the runner holds; the strict oracle therefore "
+        "keeps expected values out of the sandbox (the child reports value digests, the parent compares). The "
+        "flawed graders of the loophole modes compare in the child by design.",
+    ]  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    typer.echo(f"{n_ok}/{len(ran)} contained; overhead {ours:.1f} vs {base:.1f} ms/exec; wrote {out}")
+    if n_ok < len(ran) or label_ok < len(ran):
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)
