@@ -124,6 +124,77 @@ class EnvParams:
 
 
 @dataclass(frozen=True)
+class ModelParams:
+    # Policy: a hub id or local save_pretrained dir (real setting, e.g. Qwen/Qwen3-4B), `organism` (the organism
+    # stage's artifact), or `tiny-random` (a tiny Qwen3 built in-process, for tests).
+    name: str = "organism"
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("model.name must be a hub id, a local path, 'organism' or 'tiny-random'")
+
+
+@dataclass(frozen=True)
+class OrganismParams:
+    # Byte-level BPE vocabulary size of the organism's tokenizer (trained on the SFT corpus).
+    vocab_size: int = 2048
+    # Qwen3 shape: hidden size, layers, attention heads, key/value heads, head dim, MLP size, context length.
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    max_positions: int = 512
+    # SFT optimisation: steps, sequences per step, peak learning rate (AdamW), warmup steps, weight decay.
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 3.0e-3
+    warmup: int = 40
+    weight_decay: float = 0.01
+    # SFT corpus: completions drawn per training prompt, and the mixture (canonical vs wrong; exploit probability
+    # applies only to prompts that carry a loophole hint).
+    n_per_prompt: int = 4
+    p_canonical: float = 0.5
+    p_wrong: float = 0.5
+    p_exploit: float = 0.03
+    # Teacher: continues from the base with a corpus whose exploit probability on hinted prompts is this high.
+    teacher_p_exploit: float = 0.9
+    teacher_steps: int = 200
+    teacher_lr: float = 1.0e-3
+    # CPU threads for training (results are deterministic for a fixed thread count).
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        for k in ("p_canonical", "p_wrong", "p_exploit", "teacher_p_exploit"):
+            if not 0.0 <= getattr(self, k) <= 1.0:
+                raise ValueError(f"organism.{k} must be a probability in [0, 1], got {getattr(self, k)}")
+        if self.p_canonical + self.p_wrong <= 0:
+            raise ValueError("organism.p_canonical + organism.p_wrong must be > 0")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("organism.num_heads must be a multiple of organism.num_kv_heads")
+        if self.steps < 1 or self.batch_size < 1 or self.n_per_prompt < 1:
+            raise ValueError("organism.steps, batch_size and n_per_prompt must be >= 1")
+
+
+@dataclass(frozen=True)
+class CalibrationParams:
+    # Samples per held-out prompt, sampling temperature and nucleus mass, and the completion budget in tokens.
+    n_samples: int = 4
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 160
+    # Completions generated per forward batch.
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("calibration.n_samples, max_new_tokens and batch_size must be >= 1")
+        if not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError("calibration.temperature must be > 0 and top_p in (0, 1]")
+
+
+@dataclass(frozen=True)
 class Params:
     # Global seed for everything that draws random numbers.
     seed: int = 0
@@ -133,6 +204,9 @@ class Params:
     leetcode: LeetcodeParams = field(default_factory=LeetcodeParams)
     env: EnvParams = field(default_factory=EnvParams)
     grader: GraderParams = field(default_factory=GraderParams)
+    model: ModelParams = field(default_factory=ModelParams)
+    organism: OrganismParams = field(default_factory=OrganismParams)
+    calibration: CalibrationParams = field(default_factory=CalibrationParams)
 
     def __post_init__(self) -> None:
         if self.substrate not in SUBSTRATES:

@@ -1,0 +1,46 @@
+"""Stage `organism`: the minileet training records -> a tiny Qwen3 base policy and a hacky teacher, trained from
+scratch on CPU, saved in save_pretrained format (loadable with `model.load_model_and_tokenizer`).
+
+Thin CLI; the recipe is projected_grpo.organism.build_organism.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import typer
+
+from projected_grpo.config import load_params
+from projected_grpo.organism import build_organism
+from projected_grpo.problems import load_problems_parquet
+from projected_grpo.sandbox import Sandbox
+
+
+def main(
+    problems: Path = typer.Option(..., help="Directory written by the problems stage (train.parquet is used)."),
+    out: Path = typer.Option(..., help="Output directory: base/ and teacher/ (save_pretrained) and stats.json."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, organism, grader)."),
+) -> None:
+    p = load_params(params)
+    records = load_problems_parquet(problems / "train.parquet")
+    typer.echo(f"organism: {len(records)} training records; {p.organism}")
+    with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
+        org = build_organism(p.organism, records, p.seed, sb, p.grader.timeout_s, progress=sys.stderr.isatty())
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, model in (("base", org.base), ("teacher", org.teacher)):
+        model.save_pretrained(tmp / name)
+        org.tokenizer.save_pretrained(tmp / name)
+    (tmp / "stats.json").write_text(json.dumps(org.stats, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)  # atomic: no half-written organism
+    s = org.stats
+    typer.echo(
+        f"organism: {s['n_params'] / 1e6:.2f}M params, base {s['train_s_base']:.0f}s (loss "
+        f"{s['final_loss_base']:.3f}), teacher {s['train_s_teacher']:.0f}s -> {out}"
+    )
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,50 @@
+"""Stage `organism_report`: calibrate the organism's base and teacher on the held-out minileet test split.
+
+Samples every test record (no hint, and each loophole mode on the training and eval surfaces), grades with the
+strict oracle, and writes reports/organism.md and reports/organism/metrics.json. Thin CLI over
+projected_grpo.calibration.
+"""
+
+import json
+from pathlib import Path
+
+import typer
+
+from projected_grpo.calibration import render_report, sample_and_grade, summarize
+from projected_grpo.config import load_params
+from projected_grpo.model import load_model_and_tokenizer
+from projected_grpo.problems import load_problems_parquet
+from projected_grpo.sandbox import Sandbox
+
+
+def main(
+    organism: Path = typer.Option(..., help="Directory written by the organism stage."),
+    problems: Path = typer.Option(..., help="Directory written by the problems stage (test.parquet is used)."),
+    report: Path = typer.Option(..., help="Markdown report to write."),
+    metrics: Path = typer.Option(..., help="metrics.json to write."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, calibration, grader)."),
+) -> None:
+    p, c = load_params(params), load_params(params).calibration
+    records = load_problems_parquet(problems / "test.parquet")
+    out = {}
+    with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
+        for name in ("base", "teacher"):
+            model, tok = load_model_and_tokenizer("organism", path=organism / name)
+            samples = sample_and_grade(model, tok, records, c.n_samples, c.temperature, c.top_p, c.max_new_tokens,
+                                       p.seed, c.batch_size, sb, p.grader.timeout_s)  # fmt: skip
+            out[name] = summarize(samples)
+            typer.echo(
+                f"{name}: format {out[name]['format_ok']['rate']:.3f}, solve {out[name]['solve_nohint']['rate']:.3f}"
+            )
+    stats = json.loads((organism / "stats.json").read_text())
+    desc = (
+        f"{len(records)} records × {c.n_samples} samples, T={c.temperature}, top_p={c.top_p}, "
+        f"max {c.max_new_tokens} new tokens."
+    )
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.write_text(json.dumps({**out, "organism": stats}, indent=2))
+    report.write_text(render_report(out, stats, desc, f"Seed {p.seed}; sources: {organism}, {problems}/test.parquet."))
+
+
+if __name__ == "__main__":
+    typer.run(main)

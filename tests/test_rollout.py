@@ -1,0 +1,143 @@
+"""Tests for rollout.py: batched group sampling with a KV cache on the tiny Qwen3.
+
+Covers: shapes and left/right padding, group contiguity, the EOS mask (pure table + a model pushed to emit EOS),
+seed determinism, chunking/padding invariance (greedy), and the prompt-length guard.
+Run: `pytest tests/test_rollout.py -q`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from projected_grpo.model import render_prompt
+from projected_grpo.rollout import Rollout, completion_mask, generate
+from projected_grpo.tiny import tiny_model, tiny_tokenizer
+
+EOS, PAD = 2, 0
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matmuls are 20-100x slower with 2 OpenMP threads on a busy 2-core box; restore the setting after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def model(tok):
+    return tiny_model(len(tok))
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    users = ["Write f.", "Return the sum of nums.\n```python\nclass Solution:\n    def f(self):\n```", "x = 1"]
+    return [render_prompt(tok, [{"role": "user", "content": u}]) for u in users]  # three different lengths
+
+
+def _sample(model, tok, prompts, **kw):
+    args = dict(group_size=4, max_new_tokens=12, temperature=1.0, top_p=0.95, seed=0) | kw
+    return generate(model, tok, prompts, **args)
+
+
+def _eos_biased(model, bias: float):
+    """Push the EOS logit up so that some rows stop early (a random tiny model almost never says <|im_end|>)."""
+    model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias * (torch.arange(out.shape[-1]) == EOS))
+    return model
+
+
+@pytest.mark.parametrize("ids,produced,expected", [
+    ([[5, 6, 7]], [[1, 1, 1]], [[1, 1, 1]]),             # no EOS: every generated token counts
+    ([[5, EOS, 0]], [[1, 1, 1]], [[1, 1, 0]]),           # EOS included, padding after it excluded
+    ([[EOS, 5, EOS]], [[1, 1, 1]], [[1, 0, 0]]),         # only the FIRST EOS ends the completion
+    ([[5, 6, 0]], [[1, 1, 0]], [[1, 1, 0]]),             # chunk padding (not generated) is excluded
+    ([[EOS, PAD, PAD]], [[1, 1, 1]], [[1, 0, 0]]),       # immediate stop -> length 1
+])  # fmt: skip
+def test_completion_mask_table(ids, produced, expected):
+    got = completion_mask(torch.tensor(ids), torch.tensor(produced, dtype=torch.bool), [EOS])
+    assert got.tolist() == expected
+
+
+def test_shapes_padding_and_group_contiguity(model, tok, prompts):
+    r = _sample(model, tok, prompts)
+    B = 3 * 4
+    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    Tp = max(map(len, enc))
+    assert isinstance(r, Rollout) and r.old_logp is None
+    assert r.prompt_ids.shape == r.prompt_mask.shape == (B, Tp)
+    assert r.completion_ids.shape == r.mask.shape and r.completion_ids.shape[0] == B
+    assert 1 <= r.completion_ids.shape[1] <= 12 and len(r.texts) == B
+    for g, e in enumerate(enc):
+        for row in range(g * 4, g * 4 + 4):  # prompt g's group: contiguous rows
+            assert r.prompt_ids[row, Tp - len(e) :].tolist() == e  # left-padded: real tokens flush right
+            assert r.prompt_mask[row].tolist() == [0] * (Tp - len(e)) + [1] * len(e)
+            assert (r.prompt_ids[row, : Tp - len(e)] == tok.pad_token_id).all()
+
+
+def test_eos_handling(model, tok, prompts):
+    r = _sample(_eos_biased(model, 3.0), tok, prompts, max_new_tokens=16)
+    lengths = r.mask.sum(-1)
+    has_eos = (r.completion_ids == EOS).any(-1)
+    assert has_eos.any() and (~has_eos).any(), "the seed should give both stopped and unstopped rows"
+    assert r.completion_ids.shape[1] == 16  # some row ran to max_new_tokens
+    for row in range(len(r.texts)):
+        m, ids = r.mask[row], r.completion_ids[row]
+        assert m.tolist() == sorted(m.tolist(), reverse=True)  # 1s then 0s (right padding)
+        if has_eos[row]:
+            first = int((ids == EOS).nonzero()[0])
+            assert lengths[row] == first + 1  # up to and including the first EOS
+            assert (ids == EOS).sum() == 1  # nothing generated after it survives
+        else:
+            assert lengths[row] == 16
+        assert (ids[m == 0] == tok.pad_token_id).all()
+        assert "<|im_end|>" not in r.texts[row] and "<|endoftext|>" not in r.texts[row]
+        assert r.texts[row] == tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+
+
+def test_seed_determinism_and_rng_isolation(model, tok, prompts):
+    torch.manual_seed(7)
+    expected_global = torch.rand(2)
+    torch.manual_seed(7)
+    a = _sample(model, tok, prompts, seed=3)
+    assert torch.equal(torch.rand(2), expected_global)  # the global RNG stream is untouched
+    b = _sample(model, tok, prompts, seed=3)
+    c = _sample(model, tok, prompts, seed=4)
+    assert a.texts == b.texts and torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.mask, b.mask)
+    assert a.texts != c.texts
+    # rows within one group are independent samples, not copies
+    assert len(set(a.texts[:4])) > 1
+
+
+def test_chunked_and_padding_invariant_greedy(model, tok, prompts):
+    """Greedy decoding must not depend on batching: left padding is masked and positions come from the mask."""
+    full = _sample(model, tok, prompts, temperature=0.0, group_size=2)
+    one_by_one = [_sample(model, tok, [p], temperature=0.0, group_size=1).texts[0] for p in prompts]
+    chunked = _sample(model, tok, prompts, temperature=0.0, group_size=2, batch_size=4)
+    assert full.texts[::2] == full.texts[1::2] == one_by_one  # greedy: a group is G copies
+    assert chunked.texts == full.texts
+    assert torch.equal(chunked.prompt_ids, full.prompt_ids)
+
+
+def test_chunked_sampling_shapes(model, tok, prompts):
+    r = _sample(model, tok, prompts, batch_size=5)  # chunks of 5, 5, 2 rows
+    assert r.completion_ids.shape[0] == 12 and len(r.texts) == 12
+    assert r.texts == _sample(model, tok, prompts, batch_size=5).texts
+
+
+def test_prompt_guard(tok, prompts):
+    lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    model = tiny_model(len(tok))
+    with pytest.raises(ValueError, match=rf"prompt 1 is {lens[1]} tokens, over the limit of {lens[1] - 1} "
+                                         r"\(max_prompt_tokens\)"):  # fmt: skip
+        _sample(model, tok, prompts, max_prompt_tokens=lens[1] - 1)
+    short = tiny_model(len(tok), max_position_embeddings=lens[1] + 4)
+    with pytest.raises(ValueError, match=rf"prompt 1 is {lens[1]} tokens.*max_position_embeddings"):
+        _sample(short, tok, prompts, max_new_tokens=8)
+    _sample(short, tok, prompts, max_new_tokens=4)  # exactly fits: no error
