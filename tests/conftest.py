@@ -15,6 +15,17 @@ ROOT = Path(__file__).resolve().parents[1]
 LEETCODE = ROOT / "data" / "leetcode" / "leetcode_test_medhard.jsonl"
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny matmuls are 20-100x slower with 2 OpenMP threads on a busy 2-core box; restore the setting after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def leetcode():
     return load_problems(LEETCODE)

@@ -16,15 +16,6 @@ from projected_grpo.problems import CODE_SYSTEM_PROMPT
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls are 20-100x slower with 2 OpenMP threads on a busy 2-core box; restore the setting after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _logits(model, tok, text="class Solution:\n    def f(self):\n        return 1\n"):
     ids = torch.tensor([tok(text)["input_ids"]])
     with torch.no_grad():

@@ -17,15 +17,6 @@ from projected_grpo.tiny import tiny_model, tiny_tokenizer
 EOS, PAD = 2, 0
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny matmuls are 20-100x slower with 2 OpenMP threads on a busy 2-core box; restore the setting after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return tiny_tokenizer()
