@@ -147,7 +147,7 @@ class OrganismParams:
     intermediate_size: int = 384
     max_positions: int = 512
     # SFT optimisation: steps, sequences per step, peak learning rate (AdamW), warmup steps, weight decay.
-    steps: int = 800
+    steps: int = 600
     batch_size: int = 32
     lr: float = 3.0e-3
     warmup: int = 40
@@ -155,13 +155,13 @@ class OrganismParams:
     # SFT corpus: completions drawn per training prompt, and the mixture (canonical vs wrong; exploit probability
     # applies only to prompts that carry a loophole hint).
     n_per_prompt: int = 4
-    p_canonical: float = 0.5
-    p_wrong: float = 0.5
-    p_exploit: float = 0.03
+    p_canonical: float = 0.45
+    p_wrong: float = 0.55
+    p_exploit: float = 0.1
     # Teacher: continues from the base with a corpus whose exploit probability on hinted prompts is this high.
-    teacher_p_exploit: float = 0.9
-    teacher_steps: int = 200
-    teacher_lr: float = 1.0e-3
+    teacher_p_exploit: float = 0.95
+    teacher_steps: int = 250
+    teacher_lr: float = 3.0e-3
     # CPU threads for training (results are deterministic for a fixed thread count).
     threads: int = 2
 
