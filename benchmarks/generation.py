@@ -2,8 +2,8 @@
 
   python benchmarks/generation.py --out reports/bench/generation.md
 
-One GRPO-sized batch (8 prompts x G=8 = 64 completions x 96 new tokens, T=0.7, top_p=0.95) on an organism-sized
-Qwen3 (d=256, 4 layers, 4 heads x 64, 2 kv heads, d_ff=768, vocab 2048) with random weights, built in-process.
+One GRPO-sized batch (8 prompts x G=8 = 64 completions x 96 new tokens, T=0.7, top_p=0.95) on a Qwen3 of the
+organism's shape (params.yaml `organism`) with random weights, built in-process.
 Prompts are real minileet prompts rendered with the chat template (~200 tokens under a 2048-token BPE trained on the
 LeetCode split). EOS is suppressed (logit -inf) so every variant generates exactly the same number of tokens. All
 variants go through `rollout.generate`, side by side in one run. The two slow variants (batch 1, no cache) are timed
@@ -21,6 +21,7 @@ import torch
 import typer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from projected_grpo.config import load_params
 from projected_grpo.minileet import make_minileet
 from projected_grpo.model import render_prompt
 from projected_grpo.problems import load_problems
@@ -31,9 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype) -> Qwen3ForCausalLM:
+    """The organism's shape from params.yaml (`organism` section), random weights."""
+    o = load_params(ROOT / "params.yaml").organism
     cfg = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, tie_word_embeddings=True,
+        vocab_size=vocab_size, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
+        num_hidden_layers=o.num_layers, num_attention_heads=o.num_heads, num_key_value_heads=o.num_kv_heads,
+        head_dim=o.head_dim, max_position_embeddings=4096, tie_word_embeddings=True,
         pad_token_id=SPECIAL_TOKENS.index(PAD), eos_token_id=SPECIAL_TOKENS.index(EOS), bos_token_id=None,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -73,6 +77,7 @@ def main(
     tok = train_tokenizer([p.question for p in leet] + [p.canonical_solution for p in leet], 2048)
     model = organism_sized_model(len(tok), device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
+    c = model.config
     probs = make_minileet(seed=0, n_train=n_prompts, n_test=1, n_holdout=1)["train"][:n_prompts]
     prompts = [render_prompt(tok, p.prompt) for p in probs]
     plens = [len(tok(p)["input_ids"]) for p in prompts]
@@ -122,7 +127,8 @@ def main(
         f"Workload: {n_prompts} minileet prompts x G={group_size} = **{B} completions x {max_new_tokens} new tokens** "
         f"(T=0.7, top_p=0.95, EOS suppressed so every row generates exactly {max_new_tokens} tokens); prompt length "
         f"{min(plens)}-{max(plens)} tokens (mean {sum(plens) / len(plens):.0f}) under a 2048-token BPE. Model: "
-        f"organism-sized Qwen3 with random weights (d=256, 4 layers, 4 heads x 64, 2 kv heads, d_ff=768, "
+        f"Qwen3 of the organism's shape with random weights (d={c.hidden_size}, {c.num_hidden_layers} layers, "
+        f"{c.num_attention_heads} heads x {c.head_dim}, {c.num_key_value_heads} kv heads, d_ff={c.intermediate_size}, "
         f"vocab {len(tok)}, tied embeddings; {n_params / 1e6:.2f}M parameters).",
         "",
         "| variant | completions timed | wall (s) | rollouts/s | tokens/s | ours is faster by |",
