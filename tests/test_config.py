@@ -26,7 +26,8 @@ def test_params_yaml_sets_every_field(raw):
     assert p.env.modes == MODES and p.substrate in ("minileet", "leetcode")
 
 
-@pytest.mark.parametrize("path", [["minileet", "n_trian"], ["typo_section"], ["env", "mode"], ["grader", "timeout"]])
+@pytest.mark.parametrize("path", [["minileet", "n_trian"], ["typo_section"], ["env", "mode"], ["grader", "timeout"],
+                                  ["basis", "pair_set"], ["adapter", "r"]])
 def test_unknown_key_raises_keyerror_naming_it(raw, path):
     d = copy.deepcopy(raw)
     node = d
@@ -52,6 +53,19 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("leetcode", "train_path", "x.jsonl", "choose one"),  # with train_from_test: true (set below)
         ("leetcode", "n_holdout", -1, "n_holdout"),
         ("grader", "mode", "lenient", "grader.mode"),
+        ("adapter", "kind", "dora", "adapter.kind"),
+        ("adapter", "targets", "mlp", "adapter.targets"),
+        ("adapter", "rank", 0, "adapter.rank"),
+        ("basis", "k", 65, "larger than adapter.rank"),  # k > rank (64): the one line names both knobs
+        ("basis", "pairset", "prog_narrow", "not a known pair set"),
+        ("basis", "method", "pca", "basis.method"),
+        ("basis", "space", "weights", "basis.space"),
+        ("basis", "modes", ["run_tests", "bogus"], "basis.modes"),
+        ("basis", "drop_bottom_frac", 1.0, "drop_bottom_frac"),
+        ("rollout", "temperature", 0, "rollout.temperature"),
+        (None, "arms", ["erase_one_sided", "warp_drive"], "unknown arm"),
+        (None, "arms_ref", ["vanilla", "erase_one_sided"], "wrong list"),
+        ("grpo", "group_size", 1, "group_size"),
     ],
 )
 def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
@@ -74,3 +88,16 @@ def test_difficulty_accepts_level_names_and_ints(raw):
 
 def test_levels_match_minileet():
     assert LEVELS == minileet.LEVELS
+
+
+def test_name_lists_match_their_modules():
+    from projected_grpo import adapter, basis, config, pairs
+
+    assert config.ADAPTER_KINDS == adapter.KINDS
+    assert set(config.ADAPTER_TARGETS) == set(adapter.TARGETS)
+    assert config.BASIS_METHODS == basis.METHODS and config.BASIS_SPACES == basis.SPACES
+    assert config.PAIRSETS == pairs.PAIRSETS
+    from projected_grpo import arms
+
+    assert set(config.ARM_NAMES) == set(arms.ARMS)
+    assert set(config.BASIS_FREE_ARMS) == {n for n, a in arms.ARMS.items() if not a.needs_basis}

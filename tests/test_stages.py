@@ -5,6 +5,7 @@
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -131,11 +132,78 @@ def _imports(path: Path) -> set[str]:
 def test_stage_deps_list_every_imported_module():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, st in stages.items():
-        todo, seen = list(_imports(ROOT / "stages" / f"{name}.py")), set()
+        script = re.search(r"stages/(\w+)\.py", st["cmd"]).group(1)  # train_ref runs stages/train.py
+        todo, seen = list(_imports(ROOT / "stages" / f"{script}.py")), set()
         while todo:
             m = todo.pop()
             if m not in seen:
                 seen.add(m)
                 todo += _imports(ROOT / "src" / "projected_grpo" / f"{m}.py")
-        want = {f"src/projected_grpo/{m}.py" for m in seen} | {f"stages/{name}.py"}
+        want = {f"src/projected_grpo/{m}.py" for m in seen} | {f"stages/{script}.py"}
         assert want <= set(st["deps"]), f"stage {name}: add {sorted(want - set(st['deps']))} to its deps in dvc.yaml"
+
+
+# --- basis stage on the tiny random model, the committed pair sets and the real minileet holdout ------------------
+
+
+def test_basis_stage_tiny(tmp_path):
+    from safetensors.torch import load_file
+
+    from projected_grpo.minileet import make_minileet
+    from projected_grpo.problems import save_problems_parquet
+    from stages.basis import main
+
+    probs = tmp_path / "problems"
+    probs.mkdir()
+    save_problems_parquet(probs / "holdout.parquet", make_minileet(seed=0, n_train=1)["holdout"])
+    pairsets = tmp_path / "pairsets" / "minileet"  # a slice of every committed pair set: 2 pairs per split and mode
+    pairsets.mkdir(parents=True)
+    for f in sorted((ROOT / "data" / "pairsets" / "minileet").glob("*.jsonl")):
+        rows, keep, seen = [json.loads(x) for x in f.read_text().splitlines()], [], {}
+        for r in rows:
+            key = (r["split"], r["mode"])
+            if seen.get(key, 0) < 2:
+                seen[key] = seen.get(key, 0) + 1
+                keep.append(r)
+        (pairsets / f.name).write_text("".join(json.dumps(r) + "\n" for r in keep))
+    # held-out-mode extraction: the basis sees run_tests and sentinel pairs only
+    params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4},
+                     basis={"k": 2, "n_flips": 100, "modes": ["run_tests", "sentinel"]})  # fmt: skip
+    out, report, metrics = tmp_path / "basis", tmp_path / "reports" / "basis.md", tmp_path / "m" / "metrics.json"
+    app = typer.Typer()
+    app.command()(main)
+    args = ["--organism", str(tmp_path / "none"), "--problems", str(probs), "--pairsets", str(pairsets.parent),
+            "--svd-cache", str(tmp_path / "cache"), "--out", str(out), "--report", str(report), "--metrics",
+            str(metrics), "--params", str(params)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{n}.{e}" for n in ("basis", "random", "act") for e in ("safetensors", "json")
+    )
+    basis, rnd = load_file(out / "basis.safetensors"), load_file(out / "random.safetensors")
+    assert basis.keys() == rnd.keys()  # the control has the same modules and k per module
+    assert all(v.shape == rnd[k].shape and v.shape[-1] <= 4 for k, v in basis.items())
+    text = report.read_text()
+    for name in ("prog_wide", "prog_wider", "moral", "null_city"):
+        assert f"| `{name}` |" in text
+    assert "## Verdict" in text and "<!-- sources:" in text
+    assert "## Held-out modes (basis built from run_tests, sentinel only)" in text
+    m = json.loads(metrics.read_text())
+    assert "auroc_ref/prog_wide" in m and "auroc_method/random" in m and "auroc_heldout/prog_wide" in m
+    meta = json.loads((out / "basis.json").read_text())
+    assert meta["modes"] == ["run_tests", "sentinel"] and meta["pairset"] == "prog_wide"
+
+
+def test_basis_stage_bad_pairset_exits_with_one_line(tmp_path):
+    from stages.basis import main
+
+    params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2})
+    app = typer.Typer()
+    app.command()(main)
+    out = tmp_path / "basis"
+    args = ["--organism", "x", "--problems", str(tmp_path), "--pairsets", str(tmp_path / "nopairs"), "--svd-cache",
+            str(tmp_path / "c"), "--out", str(out), "--report", str(tmp_path / "r.md"), "--metrics",
+            str(tmp_path / "m.json"), "--params", str(params)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code != 0 and "known pair sets" in str(res.exception)
+    assert not out.exists() and not (tmp_path / "r.md").exists()

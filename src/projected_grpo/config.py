@@ -155,9 +155,9 @@ class OrganismParams:
     # SFT corpus: completions drawn per training prompt, and the mixture (canonical vs wrong; exploit probability
     # applies only to prompts that carry a loophole hint).
     n_per_prompt: int = 4
-    p_canonical: float = 0.45
-    p_wrong: float = 0.55
-    p_exploit: float = 0.1
+    p_canonical: float = 0.5
+    p_wrong: float = 0.5
+    p_exploit: float = 0.2
     # Teacher: continues from the base with a corpus whose exploit probability on hinted prompts is this high.
     teacher_p_exploit: float = 0.95
     teacher_steps: int = 250
@@ -194,6 +194,188 @@ class CalibrationParams:
             raise ValueError("calibration.temperature must be > 0 and top_p in (0, 1]")
 
 
+# Arm names (== arms.ARMS, tested); the basis-free ones may sit in `arms_ref`, every other one in `arms`.
+BASIS_FREE_ARMS = ("vanilla", "gt_only", "penalty", "screening")
+_EDITS = ("erase_no_gate", "erase_one_sided", "erase_reverse", "mirror", "route_batch", "route_batch_no_gate",
+          "route_per_rollout", "route_per_token")  # fmt: skip
+ARM_NAMES = (*BASIS_FREE_ARMS, "vanilla_rotated", "measure_only", *(n for e in _EDITS for n in (e, f"{e}_random")))
+ADAPTER_KINDS = ("svd", "lora")  # == adapter.KINDS (tested)
+ADAPTER_TARGETS = ("all", "residual_writers")  # == adapter.TARGETS keys (tested)
+BASIS_METHODS = ("svd", "mean_diff", "random", "solve_orth")  # == basis.METHODS (tested)
+BASIS_SPACES = ("grad", "act")
+PAIRSETS = ("prog_wide", "prog_wider", "intent_vs_spec", "honesty_text", "moral", "eval_aware", "philosophical",
+            "null_city")  # fmt: skip  # == pairs.PAIRSETS (tested)
+
+
+@dataclass(frozen=True)
+class AdapterParams:
+    # svd: δS rescales each wrapped Linear's top-r singular values (method.md §3.1); lora: fixed A, trained B.
+    kind: str = "svd"
+    # Wrapped projections: all (q,k,v,o,gate,up,down) or residual_writers (o_proj, down_proj).
+    targets: str = "all"
+    # r: singular directions per module (svd) or LoRA rank; capped per module at min(d_in, d_out).
+    rank: int = 64
+
+    def __post_init__(self) -> None:
+        if self.kind not in ADAPTER_KINDS:
+            raise ValueError(f"adapter.kind must be one of {ADAPTER_KINDS}, got {self.kind!r}")
+        if self.targets not in ADAPTER_TARGETS:
+            raise ValueError(f"adapter.targets must be one of {ADAPTER_TARGETS}, got {self.targets!r}")
+        if self.rank < 1:
+            raise ValueError(f"adapter.rank must be >= 1, got {self.rank}")
+
+
+@dataclass(frozen=True)
+class RolloutParams:
+    # Sampling temperature of training rollouts; every log-prob uses logits / temperature (TRL), v_hack included.
+    temperature: float = 0.7
+    # Nucleus mass of training rollouts.
+    top_p: float = 1.0
+    # Completion budget in tokens (also Dr.GRPO's constant normaliser L_max).
+    max_new_tokens: int = 160
+    # Longest prompt in tokens; a longer one stops the run naming the prompt (never truncated or filtered).
+    max_prompt_tokens: int = 384
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1 or self.max_new_tokens < 1 or self.max_prompt_tokens < 1:
+            raise ValueError("rollout.top_p must be in (0, 1], max_new_tokens and max_prompt_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class GRPOParams:
+    # Optimizer updates per run (one update per step: fully on-policy).
+    steps: int = 100
+    # Prompts per step (B) and completions per prompt (G); N = B·G rollouts per step.
+    prompts_per_step: int = 8
+    group_size: int = 8
+    # Adam on δS (and δS_h) in the basis' rotated coordinates: learning rate, betas, epsilon, decoupled decay.
+    lr: float = 0.005
+    betas: tuple[float, ...] = (0.9, 0.99)
+    eps: float = 1.0e-8
+    weight_decay: float = 0.0
+    # adam (rotated, the design), sgd (reference optimizer of the invariant tests).
+    optimizer: str = "adam"
+    # PPO ratio clip range [1 − low, 1 + high].
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    # k3 KL-to-reference coefficient (reference = adapter off); 0 disables the reference forward.
+    beta: float = 0.001
+    # Gradient-norm clip per parameter group: main δS and knob δS_h.
+    max_norm: float = 1.0
+    max_norm_knob: float = 1.0
+    # Rows per forward/backward (micro-batch); gradients accumulate to the full-batch gradient exactly.
+    micro_batch: int = 16
+    # Checkpoint every this many updates (and at update 0 and at the end).
+    save_every: int = 10
+    # CPU threads for training (results are deterministic for a fixed thread count).
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"grpo.group_size must be >= 2 (advantages are group-relative), got {self.group_size}")
+        if min(self.steps, self.prompts_per_step, self.micro_batch, self.save_every, self.threads) < 1:
+            raise ValueError("grpo.steps, prompts_per_step, micro_batch, save_every and threads must be >= 1")
+        if not (0 <= self.clip_eps_low < 1 and self.clip_eps_high >= 0 and self.lr > 0 and self.beta >= 0):
+            raise ValueError("grpo: need 0 <= clip_eps_low < 1, clip_eps_high >= 0, lr > 0, beta >= 0")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"grpo.optimizer must be adam or sgd, got {self.optimizer!r}")
+        if len(self.betas) != 2 or self.max_norm <= 0 or self.max_norm_knob <= 0:
+            raise ValueError("grpo.betas must be two numbers; grpo.max_norm and max_norm_knob must be > 0")
+
+
+@dataclass(frozen=True)
+class PoolParams:
+    # The hacky teacher: `organism` (the organism stage's teacher) or a hub id / save_pretrained directory.
+    teacher: str = "organism"
+    # Teacher-pool completions per training prompt (stage `pool`).
+    n_per_prompt: int = 4
+    # Fraction of each group's G completions drawn from the pool (off-policy); 0 = on-policy only.
+    mix: float = 0.25
+    # Steps from this one on use no pool rows.
+    teacher_off_step: int = 50
+    # Completions generated per forward batch when building the pool.
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.mix < 1 or self.n_per_prompt < 1 or self.teacher_off_step < 0 or self.batch_size < 1:
+            raise ValueError("pool: need 0 <= mix < 1, n_per_prompt >= 1, teacher_off_step >= 0, batch_size >= 1")
+
+
+@dataclass(frozen=True)
+class ProjectionParams:
+    # Per-rollout gate band: soft (linear between the thresholds) or half (0.5 inside the band).
+    band: str = "soft"
+    # f: clean calibration completions allowed above tau_hi; f2: hack calibration completions allowed below tau_lo.
+    f: float = 0.05
+    f2: float = 0.05
+    # Recalibrate the gate on the held-out pairs every this many steps.
+    recal_every: int = 10
+    # GT-monitor baselines (penalty, screening): probability that the monitor's flag is right.
+    monitor_accuracy: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.band not in ("soft", "half"):
+            raise ValueError(f"projection.band must be soft or half, got {self.band!r}")
+        if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
+            raise ValueError("projection: need f, f2 in (0, 1), monitor_accuracy in [0, 1], recal_every >= 1")
+
+
+@dataclass(frozen=True)
+class BasisParams:
+    # Pair set v_hack is extracted from (data/pairsets/<substrate>/<pairset>.jsonl).
+    pairset: str = "prog_wide"
+    # svd (top-k of the pair differences), mean_diff (k=1), random (Haar, same k per module), solve_orth.
+    method: str = "svd"
+    # grad: directions in δS coordinates; act: a residual-stream direction (activation routing).
+    space: str = "grad"
+    # k_max: most directions kept per module.
+    k: int = 8
+    # tau_rel: keep direction j only if sigma_j >= tau * sigma_1 (plus the sign-flip test).
+    tau: float = 0.1
+    # Significance level and number of random sign flips of the sign-consistency test.
+    alpha_sig: float = 0.05
+    n_flips: int = 1000
+    # Fraction of modules with the weakest consistent signal ||mean_p d_p|| dropped (no projection, no knob).
+    drop_bottom_frac: float = 0.25
+    # Module ranking: none (raw norms) or per_type_zscore (within q_proj, down_proj, ...).
+    score_norm: str = "none"
+    # Normalise each pair difference to unit norm before the SVD.
+    row_norm: bool = False
+    # solve_orth: clean-solve gradient directions stripped before the SVD.
+    solve_m: int = 4
+    # Prompt modes whose pairs are used (held-out-mode experiments); null = all.
+    modes: tuple[str, ...] | None = None
+    # space=act: residual-stream layer (0-based block index) whose output is pooled.
+    act_layer: int = 1
+    # Seed of the sign-flip test, the random control and the bootstrap intervals.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pairset not in PAIRSETS:
+            raise ValueError(f"basis.pairset {self.pairset!r} is not a known pair set; choose from "
+                             f"{', '.join(PAIRSETS)}")  # fmt: skip
+        if self.method not in BASIS_METHODS:
+            raise ValueError(f"basis.method must be one of {BASIS_METHODS}, got {self.method!r}")
+        if self.space not in BASIS_SPACES:
+            raise ValueError(f"basis.space must be one of {BASIS_SPACES}, got {self.space!r}")
+        if self.k < 1:
+            raise ValueError(f"basis.k must be >= 1, got {self.k}")
+        if not (0 <= self.tau <= 1 and 0 < self.alpha_sig < 1 and self.n_flips >= 20):
+            raise ValueError("basis.tau must be in [0, 1], basis.alpha_sig in (0, 1), basis.n_flips >= 20")
+        if not 0 <= self.drop_bottom_frac < 1:
+            raise ValueError(f"basis.drop_bottom_frac must be in [0, 1), got {self.drop_bottom_frac}")
+        if self.score_norm not in ("none", "per_type_zscore"):
+            raise ValueError(f"basis.score_norm must be none or per_type_zscore, got {self.score_norm!r}")
+        if self.solve_m < 0 or self.act_layer < 0:
+            raise ValueError("basis.solve_m and basis.act_layer must be >= 0")
+        if self.modes is not None:
+            unknown = [m for m in self.modes if m not in MODES]
+            if unknown or not self.modes:
+                raise ValueError(f"basis.modes: unknown or empty {list(self.modes)}; choose from {', '.join(MODES)}")
+
+
 @dataclass(frozen=True)
 class Params:
     # Global seed for everything that draws random numbers.
@@ -207,10 +389,33 @@ class Params:
     model: ModelParams = field(default_factory=ModelParams)
     organism: OrganismParams = field(default_factory=OrganismParams)
     calibration: CalibrationParams = field(default_factory=CalibrationParams)
+    adapter: AdapterParams = field(default_factory=AdapterParams)
+    rollout: RolloutParams = field(default_factory=RolloutParams)
+    basis: BasisParams = field(default_factory=BasisParams)
+    grpo: GRPOParams = field(default_factory=GRPOParams)
+    pool: PoolParams = field(default_factory=PoolParams)
+    projection: ProjectionParams = field(default_factory=ProjectionParams)
+    # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, and seeds.
+    arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
+    arms: tuple[str, ...] = ("erase_one_sided", "route_per_rollout", "route_per_rollout_random")
+    seeds: tuple[int, ...] = (41, 42, 43)
 
     def __post_init__(self) -> None:
         if self.substrate not in SUBSTRATES:
             raise ValueError(f"substrate must be one of {SUBSTRATES}, got {self.substrate!r}")
+        for key, names in (("arms_ref", self.arms_ref), ("arms", self.arms)):
+            unknown = [a for a in names if a not in ARM_NAMES]
+            if unknown:
+                raise ValueError(f"{key}: unknown arm(s) {unknown}; known arms: {', '.join(ARM_NAMES)}")
+        wrong = [a for a in self.arms_ref if a not in BASIS_FREE_ARMS] + [a for a in self.arms if a in BASIS_FREE_ARMS]
+        if wrong:
+            raise ValueError(f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
+                             "(vanilla, gt_only, penalty, screening), arms the ones that do")  # fmt: skip
+        if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
+            raise ValueError(f"seeds must be a non-empty list without repeats, got {list(self.seeds)}")
+        if self.basis.k > self.adapter.rank:
+            raise ValueError(f"basis.k={self.basis.k} is larger than adapter.rank={self.adapter.rank}; lower basis.k "
+                             "or raise adapter.rank")  # fmt: skip
 
 
 def from_dict(cls: type[T], d: dict[str, Any], path: str = "") -> T:

@@ -1,0 +1,120 @@
+"""Dr.GRPO advantages and loss (method.md §3.7): pure functions, tensors in, tensors out.
+
+Matches TRL's `GRPOTrainer` with `loss_type="dr_grpo"`, `scale_rewards="none"` and `use_bias_correction_kl=False`
+(tests/test_grpo_loss.py calls TRL's own `compute_loss` to check this). Shape letters: B rollouts (N in method.md),
+G group size, T completion tokens (T <= L_max).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale: bool = False, eps: float = 1e-4) -> Tensor:
+    """A = r - nanmean_group(r), optionally / (nanstd_group(r) + eps); NaN rewards -> A = 0. (B,) -> (B,)."""
+    if rewards.ndim != 1 or group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(
+            f"rewards must be (B,) with B a multiple of group_size, got {tuple(rewards.shape)}, {group_size}"
+        )
+    # rows g*G .. g*G+G-1 are the G completions of prompt g (rollout.py repeats each prompt G times, contiguously)
+    r = rewards.view(-1, group_size)  # (P, G)
+    # The baseline is the group mean. A NaN reward marks a sample that could not be scored (screened out): nanmean
+    # leaves it out of its group's baseline instead of treating it as reward 0 (TRL grpo_trainer.py:2756-2766).
+    adv = r - torch.nanmean(r, dim=1, keepdim=True)  # (P, G)
+    if scale:
+        # Plain GRPO divides by the group std. Dr.GRPO (the default) drops this: the std division up-weights groups
+        # whose rewards barely differ (nearly all-right or all-wrong prompts), a difficulty bias (Liu et al. §3.1).
+        # Bessel-corrected nanstd as TRL's `trl.trainer.utils.nanstd`; a group with < 2 scored samples has no std
+        # (NaN), so its advantages become 0 below, as in TRL.
+        count = (~torch.isnan(r)).sum(dim=1, keepdim=True)  # (P, 1)
+        var = torch.nanmean(adv**2, dim=1, keepdim=True) * count / (count - 1)  # (P, 1)
+        var = torch.where(count > 1, var, torch.full_like(var, float("nan")))
+        adv = adv / (var.sqrt() + eps)
+    # NaN rewards (and all-NaN groups, whose mean is NaN) carry no learning signal: A = 0, so they move nothing.
+    # nan_to_num exactly as TRL does (grpo_trainer.py:2810).
+    return torch.nan_to_num(adv, nan=0.0).view(-1)  # (B,)
+
+
+def grpo_loss(
+    logp: Tensor,  # (B, T) policy log-probs of the sampled tokens, with grad
+    old_logp: Tensor,  # (B, T) log-probs of the sampling policy (no grad)
+    ref_logp: Tensor | None,  # (B, T) reference (adapters off) log-probs, or None when beta == 0
+    adv: Tensor,  # (B,) advantages, e.g. from group_advantages
+    mask: Tensor,  # (B, T) 1 on completion tokens up to and including the first EOS, 0 on padding
+    clip_eps_low: float,
+    clip_eps_high: float,
+    beta: float,
+    l_max: int,
+    n_rows: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Dr.GRPO loss L = sum_{n,t} mask*(PG + beta*KL_k3) / (n_rows*l_max), n_rows defaults to B. -> (scalar, metrics).
+
+    Aggregation: a token sum divided by the *constant* n_rows * L_max (TRL `dr_grpo`), not by each completion's
+    length (GRPO) nor by the batch's token count (BNPO/DAPO): every token weighs the same whatever the length of its
+    completion, so there is no length bias. A micro-batch of a B-row batch passes n_rows=B, and then the micro-batch
+    losses (and gradients) add up exactly to the full-batch ones (gradient accumulation needs no extra division).
+    Metrics (masked-token means): clip_frac, kl (NaN when ref_logp is None), pg_loss, ratio_mean.
+    """
+    B, T = logp.shape
+    n_rows = B if n_rows is None else n_rows
+    if old_logp.shape != logp.shape or mask.shape != logp.shape or adv.shape != (B,):
+        raise ValueError(
+            f"shapes: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}, "
+            f"adv {tuple(adv.shape)}; expected (B, T), (B, T), (B, T), (B,)"
+        )
+    if T > l_max:
+        # the constant normalizer assumes no completion is longer than L_max; a longer T means a config mismatch
+        raise ValueError(f"completion length T={T} exceeds l_max={l_max}")
+    if beta != 0.0 and ref_logp is None:
+        raise ValueError("beta != 0 needs ref_logp (the KL penalty is measured against the reference policy)")
+
+    valid = mask.bool()  # (B, T)
+    maskf = mask.to(logp.dtype)  # (B, T)
+    a = adv.to(logp.dtype).unsqueeze(1)  # (B, 1), broadcast over tokens: every token of a completion shares A_n
+    # The old/ref log-probs are constants of the objective. Detaching here also makes the on-policy call
+    # grpo_loss(logp, logp, ...) correct: rho = 1 in value but its gradient is d logp (the REINFORCE term).
+    old_logp = old_logp.detach()
+
+    # --- PPO-clip policy-gradient term ---
+    # Zero the log-ratio at padding BEFORE exp: padded positions may hold garbage (e.g. +-1e4), exp of which is inf,
+    # and multiplying by the mask afterwards gives inf*0 = nan in the loss and its gradient.
+    log_ratio = torch.where(valid, logp - old_logp, torch.zeros_like(logp))  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T) rho = pi/pi_old per token; exactly 1 on-policy
+    clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)  # (B, T)
+    # Pessimistic min over the unclipped and clipped surrogates: once rho has moved past 1+eps_hi (A>0) or 1-eps_lo
+    # (A<0), the clipped branch is active and constant in logp, so that token stops pushing (zero gradient).
+    pg = -torch.min(ratio * a, clipped * a)  # (B, T)
+
+    # --- KL penalty to the reference policy ---
+    # k3 estimator (Schulman, "Approximating KL divergence"): with d = ref - logp, KL ~= e^d - d - 1 >= 0, an
+    # unbiased, low-variance estimate of KL(pi || pi_ref) under samples from pi. Added per token *before*
+    # aggregation (as TRL). No importance weight rho on it: TRL 1.16 multiplies by rho by default
+    # (use_bias_correction_kl=True), which changes the KL gradient even on-policy; method.md §3.7 does not.
+    if ref_logp is not None:
+        d = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))  # (B, T) zeroed like the log-ratio
+        kl = torch.exp(d) - d - 1.0  # (B, T), 0 at padding
+    else:
+        kl = None
+    per_tok = pg + beta * kl if (kl is not None and beta != 0.0) else pg  # (B, T)
+
+    # --- Dr.GRPO aggregation: constant normalizer, no per-sequence 1/|o| ---
+    denom = n_rows * l_max
+    loss = (per_tok * maskf).sum() / denom  # scalar
+
+    # --- metrics (the only place .item()-like syncs happen; one sync for all of them) ---
+    with torch.no_grad():
+        n_tok = maskf.sum().clamp(min=1.0)
+        # clipped branch active = the token gets zero PG gradient (TRL's clip_ratio/region_mean)
+        is_clipped = ((ratio < 1.0 - clip_eps_low) & (a < 0)) | ((ratio > 1.0 + clip_eps_high) & (a > 0))  # (B, T)
+        kl_mean = (kl * maskf).sum() / n_tok if kl is not None else torch.full_like(n_tok, float("nan"))
+        vals = torch.stack(
+            [
+                (is_clipped.to(maskf.dtype) * maskf).sum() / n_tok,
+                kl_mean,
+                (pg * maskf).sum() / denom,
+                (ratio * maskf).sum() / n_tok,
+            ]
+        ).tolist()
+    metrics = dict(zip(("clip_frac", "kl", "pg_loss", "ratio_mean"), vals))
+    return loss, metrics

@@ -1,0 +1,60 @@
+"""Token log-probabilities of completions under a policy, with logits divided by the sampling temperature (TRL).
+
+Sequences are right-padded `prompt + completion` rows; position t's log-prob is that of token t+1 given the prefix,
+so every tensor here is (B, L-1) and `mask` selects the completion tokens (EOS included).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    """(B, T, V) logits, (B, T) target ids -> (B, T) log π(id | prefix) at `temperature` (log_softmax(logits / T))."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least (bf16 models)
+    return torch.gather(F.log_softmax(logits / temperature, dim=-1), -1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def batch_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int
+                    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Right-padded (ids, attention_mask, completion_mask), each (B, L); completion_mask marks completion tokens."""
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    B = len(prompts)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    att = torch.zeros((B, L), dtype=torch.long)
+    cm = torch.zeros((B, L), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        n = len(p) + len(c)
+        ids[i, :n] = torch.tensor(p + c, dtype=torch.long)
+        att[i, :n] = 1
+        cm[i, len(p) : n] = 1
+    return ids, att, cm
+
+
+def completion_logprobs(model, ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, temperature: float
+                        ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(logp, mask), both (B, L-1): log-prob of each next token, and 1 where that token is a completion token."""
+    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]  # (B, L-1, V)
+    return token_logprobs(logits, ids[:, 1:], temperature), completion_mask[:, 1:]
+
+
+def mean_nll(logp: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) log-probs and mask -> (B,) per-completion mean NLL over completion tokens (method.md §3.3)."""
+    m = mask.to(logp.dtype)
+    return -(torch.where(mask.bool(), logp, 0.0) * m).sum(-1) / m.sum(-1).clamp(min=1)
+
+
+def rollout_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, mask: Tensor,
+                     temperature: float) -> Tensor:  # fmt: skip
+    """(B, T) log-probs of sampled completions: left-padded prompts (B, Tp) + right-padded completions (B, T).
+
+    Position ids follow the attention mask (cumsum − 1), as HF `generate` computes them for left-padded prompts, so
+    these are exactly the sampling distribution's log-probs (at logits / temperature)."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, Tp + T)
+    att = torch.cat([prompt_mask, mask], dim=1)  # (B, Tp + T); tokens after EOS are masked out
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    Tp = prompt_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits[:, Tp - 1 : -1]  # (B, T, V)
+    return token_logprobs(logits, completion_ids, temperature)

@@ -1,0 +1,87 @@
+"""The teacher pool: G graded completions per training prompt from a hacky teacher, mixed into GRPO groups.
+
+Off-policy rows are scored under the student like any rollout: their log-probs are recomputed by the student and
+`old_logp` is that recomputation, detached (importance ratio 1 at the single update of each step, as for on-policy
+rows). So a pool row contributes A_n·∇log π_student(o_n): it teaches the student to imitate high-advantage teacher
+completions, with no correction for the behaviour policy [design: the pool is a demonstration source, not an
+unbiased estimate of the student's policy gradient]. Pool rows are excluded from every student metric.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from projected_grpo.grader import grade_batch
+from projected_grpo.model import render_prompt
+from projected_grpo.modes import mode_of
+from projected_grpo.problems import Problem
+from projected_grpo.rollout import generate
+
+COLUMNS = ("prompt_id", "mode", "completion", "token_ids", "reward", "label", "eq_correct")
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    prompt_id: int
+    mode: str | None
+    completion: str
+    token_ids: tuple[int, ...]  # completion tokens up to and including the first EOS
+    reward: float
+    label: str
+    eq_correct: bool
+
+
+def build_pool(teacher, tok, records: list[Problem], n_per_prompt: int, temperature: float, top_p: float,
+               max_new_tokens: int, seed: int, batch_size: int, sandbox, timeout_s: float
+               ) -> list[PoolRow]:  # fmt: skip
+    """Sample and grade `n_per_prompt` teacher completions for every training record."""
+    prompts = [render_prompt(tok, list(r.prompt)) for r in records]
+    ro = generate(teacher, tok, prompts, group_size=n_per_prompt, max_new_tokens=max_new_tokens,
+                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size)  # fmt: skip
+    recs = [r for r in records for _ in range(n_per_prompt)]
+    grades = grade_batch(recs, ro.texts, sandbox, timeout_s=timeout_s, progress=True)
+    return [
+        PoolRow(r.id, mode_of(r), t, tuple(ids[m.bool()].tolist()), g.reward, g.label, g.eq_correct)
+        for r, t, ids, m, g in zip(recs, ro.texts, ro.completion_ids, ro.mask, grades)
+    ]
+
+
+def save_pool(path, rows: list[PoolRow]) -> None:
+    import polars as pl
+
+    pl.DataFrame({c: [getattr(r, c) for r in rows] for c in COLUMNS}).write_parquet(path)
+
+
+def load_pool(path) -> dict[int, list[PoolRow]]:
+    """{prompt id: its pool rows}."""
+    import polars as pl
+
+    out: dict[int, list[PoolRow]] = {}
+    for d in pl.read_parquet(path).iter_rows(named=True):
+        row = PoolRow(**{**d, "token_ids": tuple(d["token_ids"])})
+        out.setdefault(row.prompt_id, []).append(row)
+    return out
+
+
+def draw(pool: dict[int, list[PoolRow]], prompt_id: int, k: int, rng: random.Random) -> list[PoolRow]:
+    """k pool rows of one prompt (without replacement while possible)."""
+    rows = pool.get(prompt_id, [])
+    if k == 0:
+        return []
+    if not rows:
+        raise ValueError(f"the teacher pool has no completions for prompt {prompt_id}; rebuild it (dvc repro pool)")
+    return rng.sample(rows, k) if k <= len(rows) else [rng.choice(rows) for _ in range(k)]
+
+
+def pad_ids(seqs: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (ids, mask) (n, T) for completion token lists."""
+    T = max(1, max(len(s) for s in seqs))
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask

@@ -1,0 +1,168 @@
+"""The projection arms as coordinate edits, per-rollout / per-token routing and the banded gate (method.md §3.4–3.6).
+
+Pure: tensors in, tensors out. Every arm is exact through Adam because it acts in rotated coordinates (§3.6): per
+module R = [Vhᵀ | V⊥] (r, r) is orthogonal, δS = R θ, θ.grad = Rᵀ g, and its first k coordinates are exactly
+α = Vh g, so each arm is a mask on those k coordinates (table in `EDITS`). Sign convention (§1): <g, v_j> > 0 means a
+*descent* step on g promotes hacking, so "hack-promoting" is relu(α).
+
+Row vectors: a (..., r) gradient g rotates as x = g @ R (= Rᵀ g per row) and back as x @ Rᵀ. method.md's slash names
+(`erase/no_gate`, `route/batch`) are accepted for the registry keys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+# --- the rotation -----------------------------------------------------------------------------------------------
+
+
+def complete_rotation(vh: Tensor) -> Tensor:
+    """(k, r) orthonormal rows -> (r, r) orthogonal R = [Vhᵀ | V⊥], with R[:, :k] a bitwise copy of Vhᵀ."""
+    k, r = vh.shape
+    if k == 0:  # no basis: the rotation is the identity, so the optimizer is plain per-coordinate Adam/SGD
+        return torch.eye(r, dtype=vh.dtype, device=vh.device)
+    R = torch.empty(r, r, dtype=vh.dtype, device=vh.device)
+    # Householder QR of Vhᵀ: Q's last r−k columns are an orthonormal basis of span(Vh)'s complement. fp64 on CPU:
+    # deterministic and orthogonal to ~1e-16 on any device; r is small, so it costs nothing.
+    q, _ = torch.linalg.qr(vh.detach().to("cpu", torch.float64).T, mode="complete")  # (r, r)
+    R[:, :k] = vh.detach().T  # the first k rotated coordinates are *exactly* α = Vh g (no sign flips from QR)
+    R[:, k:] = q[:, k:].to(vh.device, vh.dtype)  # V⊥ (r, r−k)
+    return R
+
+
+# --- batch-mode arms: a mask on the first k rotated coordinates ---------------------------------------------------
+
+# Each rule maps the head a = x[..., :k] = α to (main head, knob head). The tail x[..., k:] goes to main unchanged
+# and the knob tail is 0: nothing outside span(Vh) is ever edited or routed.
+EditRule = Callable[[Tensor], tuple[Tensor, Tensor]]
+EDITS: dict[str, EditRule] = {
+    "vanilla": lambda a: (a, torch.zeros_like(a)),
+    "measure_only": lambda a: (a, torch.zeros_like(a)),  # diagnostics are logged elsewhere; numerics == vanilla (I12)
+    "erase_no_gate": lambda a: (torch.zeros_like(a), torch.zeros_like(a)),  # g − P g
+    "erase_one_sided": lambda a: (a.clamp(max=0), torch.zeros_like(a)),  # drop only the hack-promoting part
+    # reflection g − 2 Vhᵀ relu(α): coefficients > 0 flip sign, the others are untouched (−|a| == a where a ≤ 0)
+    "erase_reverse": lambda a: (-a.abs(), torch.zeros_like(a)),
+    "mirror": lambda a: (a.clamp(min=0), torch.zeros_like(a)),  # sign control: drop only the anti-hack part
+    # route = one_sided erase whose removed part lands in the knob. min(a,0) + relu(a) == a bitwise (one term is 0)
+    "route_batch": lambda a: (a.clamp(max=0), a.clamp(min=0)),
+    "route_batch_no_gate": lambda a: (torch.zeros_like(a), a),
+}
+ARMS = tuple(EDITS)
+
+
+def arm_key(arm: str) -> str:
+    """Registry key for an arm name; method.md's `erase/no_gate` spelling maps to `erase_no_gate`."""
+    key = arm.replace("/", "_")
+    if key not in EDITS:
+        raise ValueError(f"unknown batch-mode arm {arm!r}; choose from {ARMS}")
+    return key
+
+
+def edit_coords(x: Tensor, k: int, arm: str) -> tuple[Tensor, Tensor]:
+    """(..., r) rotated grads -> (main, knob) grads (..., r) for a batch-mode arm; k = number of basis rows."""
+    rule = EDITS[arm_key(arm)]
+    head, tail = x[..., :k], x[..., k:]  # (..., k) = α, (..., r−k) = V⊥ᵀ g
+    main_h, knob_h = rule(head)
+    main = torch.cat([main_h, tail], dim=-1)  # tail copied, so k = 0 returns x unchanged for every arm
+    knob = torch.cat([knob_h, torch.zeros_like(tail)], dim=-1)
+    return main, knob
+
+
+# --- per-sample routing (method.md §3.5) --------------------------------------------------------------------------
+
+
+def route_per_rollout(x_n: Tensor, k: int, m: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates in [0, 1] -> (main, knob), each (r,); main + knob = Σ_n x_n.
+
+    One-sided *per rollout*, on the actual loss gradient: a hack rollout with A_n < 0 has α_n < 0 and routes nothing
+    whatever its gate. Unlike batch mode, main and knob are not orthogonal (h is a sum of per-sample pieces)."""
+    total = x_n.sum(0)  # (r,) = Rᵀ g, g = Σ_n g_n
+    knob = torch.zeros_like(total)
+    knob[:k] = (m.to(x_n.dtype)[:, None] * x_n[:, :k].clamp(min=0)).sum(0)  # (k,) ≥ 0
+    return total - knob, knob
+
+
+def route_per_token(coef: Tensor, m: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, T, k) per-token coefficients <g_{n,t}, v_j>, (N, T) gates, (r,) rotated total grad -> (main, knob), (r,).
+
+    Coefficients come from `adapter.token_capture` (no (N, T, r) tensor). Σ_t relu ≥ relu Σ_t: per-token routing
+    moves at least as much as per-rollout routing (I17)."""
+    k = coef.shape[-1]
+    knob = torch.zeros_like(total)
+    knob[:k] = (m.to(coef.dtype)[..., None] * coef.clamp(min=0)).sum((0, 1)).to(total.dtype)  # (k,) ≥ 0
+    return total - knob, knob
+
+
+# --- the gate (method.md §3.5) ------------------------------------------------------------------------------------
+
+
+def rollout_scores(g_n: dict[str, Tensor], adv: Tensor, nu: dict[str, Tensor]) -> Tensor:
+    """{module: (N, D_m)} per-rollout grads, (N,) advantages, {module: (D_m,)} ν -> (N,) s_n = cos(sign(A_n)·g_n, ν).
+
+    On-policy g_n ∝ A_n ∇NLL(o_n), so sign(A_n)·g_n is along the rollout's own NLL gradient. Only ν's (kept) modules
+    are concatenated. A_n = 0 gives s_n = 0."""
+    dot = sum(g_n[n] @ v for n, v in nu.items())  # (N,) <g_n, ν>
+    gsq = sum(g_n[n].pow(2).sum(-1) for n in nu)  # (N,) ‖g_n‖²
+    nsq = sum(v.pow(2).sum() for v in nu.values())  # ‖ν‖² (1 for a Basis; normalised anyway)
+    return torch.sign(adv).to(dot.dtype) * dot / (gsq * nsq).sqrt().clamp(min=1e-30)
+
+
+def calibrate_band(s_hack: Tensor, s_clean: Tensor, f: float, f2: float) -> tuple[float, float]:
+    """(P_h,) held-out hack scores, (P_c,) clean scores -> (τ_lo, τ_hi) of the banded gate.
+
+    τ_hi = Quantile_{1−f}(S_c), τ_lo = Quantile_{f'}(S_h) as *conservative* empirical quantiles [design]: τ_hi is one
+    ulp above the (P_c − ⌊f·P_c⌋)-th smallest clean score, so m = 1 (s ≥ τ_hi) for at most ⌊f·P_c⌋ clean scores, ties
+    included (a linear-interpolation quantile breaks "≤ f" when f·P < 1); τ_lo mirrors it for the hacks missed. If
+    τ_lo ≥ τ_hi both become the midpoint (empty band); both bounds still hold."""
+    if s_hack.numel() == 0 or s_clean.numel() == 0:
+        raise ValueError("calibrate_band needs at least one hack and one clean score")
+    if not (0 <= f < 1 and 0 <= f2 < 1):
+        raise ValueError(f"gate rates must lie in [0, 1), got f={f}, f'={f2}")
+    c = s_clean.detach().double().sort().values  # (P_c,) ascending
+    h = s_hack.detach().double().sort().values  # (P_h,)
+    j_c = math.floor(f * len(c) + 1e-9)  # clean scores allowed at m = 1 (+1e-9: 0.29·100 must give 29, not 28)
+    j_h = math.floor(f2 * len(h) + 1e-9)  # hack scores allowed at m = 0
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    tau_hi = float(torch.nextafter(c[len(c) - 1 - j_c], inf))
+    tau_lo = float(torch.nextafter(h[j_h], -inf))
+    if tau_lo >= tau_hi:
+        tau_lo = tau_hi = (tau_lo + tau_hi) / 2
+    return tau_lo, tau_hi
+
+
+def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
+    """(N,) scores, (N,) advantages -> (N,) gates m in [0, 1]: 0 at s ≤ τ_lo, 1 at s ≥ τ_hi, soft/half between.
+
+    A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint."""
+    if band not in ("soft", "half"):
+        raise ValueError(f"gate band must be 'soft' or 'half', got {band!r}")
+    if tau_lo >= tau_hi:
+        tau = (tau_lo + tau_hi) / 2
+        m = (s > tau).to(s.dtype)
+    elif band == "soft":
+        m = ((s - tau_lo) / (tau_hi - tau_lo)).clamp(0, 1)  # linear ramp, monotone in s
+    else:
+        m = torch.where(s >= tau_hi, 1.0, torch.where(s <= tau_lo, 0.0, 0.5)).to(s.dtype)
+    return torch.where(adv == 0, torch.zeros_like(m), m)
+
+
+# --- clipping (per parameter group, method.md §3.6) ---------------------------------------------------------------
+
+
+def clip_coef(grads: list[Tensor], max_norm: float | None) -> float:
+    """min(1, max_norm / (‖concat grads‖ + 1e-6)) for one parameter group (torch's formula); None/≤0/inf: 1.
+
+    Per group (main, knob), never global: a global norm would make route's main step depend on its knob gradient,
+    and route (knob off) would no longer replay as erase (I11)."""
+    if max_norm is None or max_norm <= 0 or math.isinf(max_norm):
+        return 1.0
+    return min(1.0, max_norm / (grad_norm(grads) + 1e-6))
+
+
+def grad_norm(grads: list[Tensor]) -> float:
+    """‖concat grads‖₂, accumulated in fp64 (rotation-invariant, so rotated and unrotated grads give the same)."""
+    return math.sqrt(sum(float(g.detach().double().pow(2).sum()) for g in grads))

@@ -1,0 +1,58 @@
+"""Stage `basis`: v_hack for every pair set of the substrate, the selected one saved for training.
+
+Attaches the adapter (params `adapter`) to the policy at δS = 0, takes per-completion gradients of the pair sets'
+extraction and calibration pairs, and writes the selected basis (`basis.pairset`, `basis.method`), its random control
+and the activation-space direction to --out, plus reports/basis.md (held-out AUROC per pair set vs placebo vs random).
+Thin CLI over projected_grpo.basis_eval.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import typer
+
+from projected_grpo.adapter import attach_adapters
+from projected_grpo.basis_eval import extract_all, metrics, render_report
+from projected_grpo.config import load_params
+from projected_grpo.model import load_model_and_tokenizer
+from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
+from projected_grpo.problems import load_problems_parquet
+
+
+def main(
+    organism: Path = typer.Option(..., help="Organism directory (used when model.name is 'organism')."),
+    problems: Path = typer.Option(..., help="Problems stage directory (holdout.parquet is used)."),
+    pairsets: Path = typer.Option(..., help="Pair-set root: <root>/<substrate>/<pairset>.jsonl."),
+    svd_cache: Path = typer.Option(..., help="Directory caching the per-module SVD factors."),
+    out: Path = typer.Option(..., help="Output directory: basis, random and act safetensors + json."),
+    report: Path = typer.Option(..., help="Markdown report to write."),
+    metrics_out: Path = typer.Option(..., "--metrics", help="metrics.json to write."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, substrate, model, adapter, basis)."),
+) -> None:
+    p = load_params(params)
+    sets = {n: load_pairset(pairset_path(pairsets, p.substrate, n)) for n in PAIRSETS}  # fails before any work
+    torch.manual_seed(p.seed)
+    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
+    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, cache_dir=svd_cache, seed=p.seed)
+    holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
+    res = extract_all(model, tok, sets, holdout, p.basis, p.rollout.temperature)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("selected", "random", "act"):
+        res[name].save(out / f"{'basis' if name == 'selected' else name}.safetensors")
+    desc = (f"Policy `{p.model.name}`, substrate `{p.substrate}`, adapter {p.adapter.kind} r={p.adapter.rank} "
+            f"({p.adapter.targets}); basis k≤{p.basis.k}, tau {p.basis.tau}, alpha {p.basis.alpha_sig}, drop "
+            f"{p.basis.drop_bottom_frac}, modes {list(p.basis.modes) if p.basis.modes else 'all'}, "
+            f"seed {p.basis.seed}; "
+            f"logits / T with T={p.rollout.temperature}.")  # fmt: skip
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(render_report(res, desc, f"{pairsets}/{p.substrate}/*.jsonl, {problems}/holdout.parquet, "
+                                                f"{organism}/base"))  # fmt: skip
+    metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    metrics_out.write_text(json.dumps(metrics(res), indent=1, sort_keys=True))
+    typer.echo(f"basis: {p.basis.pairset}/{p.basis.method}: {len(res['selected'].vh)} modules, "
+               f"{res['selected'].meta['k_total']} directions -> {out}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    typer.run(main)

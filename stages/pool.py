@@ -1,0 +1,48 @@
+"""Stage `pool`: the teacher pool — `pool.n_per_prompt` graded teacher completions per training prompt.
+
+Thin CLI over projected_grpo.pool; writes --out/pool.parquet (prompt id, mode, completion, token ids, reward, label)
+and a one-line summary (hack rate of the pool by mode) to --summary.
+"""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+import typer
+
+from projected_grpo.config import load_params
+from projected_grpo.model import load_model_and_tokenizer
+from projected_grpo.pool import build_pool, save_pool
+from projected_grpo.problems import load_problems_parquet
+from projected_grpo.sandbox import Sandbox
+
+
+def main(
+    organism: Path = typer.Option(..., help="Organism directory (its teacher/ is used when pool.teacher=organism)."),
+    problems: Path = typer.Option(..., help="Problems stage directory (train.parquet is used)."),
+    out: Path = typer.Option(..., help="Output directory for pool.parquet."),
+    summary: Path = typer.Option(..., help="JSON summary to write (pool size, hack rate by mode)."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, pool, rollout, grader)."),
+) -> None:
+    p = load_params(params)
+    torch.set_num_threads(p.grpo.threads)
+    name = p.pool.teacher
+    teacher, tok = load_model_and_tokenizer(name, path=organism / "teacher" if name == "organism" else None)
+    records = load_problems_parquet(problems / "train.parquet")
+    with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
+        rows = build_pool(teacher, tok, records, p.pool.n_per_prompt, p.rollout.temperature, p.rollout.top_p,
+                          p.rollout.max_new_tokens, p.seed, p.pool.batch_size, sb, p.grader.timeout_s)  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    save_pool(out / "pool.parquet", rows)
+    by_mode = Counter(r.mode for r in rows)
+    hacks = Counter(r.mode for r in rows if r.label == "hack")
+    stats = {"n": len(rows), "hack": sum(hacks.values()) / len(rows),
+             "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)}}  # fmt: skip
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps(stats, indent=1, sort_keys=True))
+    typer.echo(f"pool: {len(rows)} teacher completions, hack rate {stats['hack']:.3f} -> {out}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,292 @@
+"""Adapter invariants of method.md §5 on tiny random Qwen3 models in float64: I1 identity at init, I2 the δS gradient
+formula, I3 tied raw gradients, I4 per-sample probes, I16 deploy (knob off/on), I18 reference independence; plus the
+LoRA arm, per-token capture, save/load and the SVD cache.
+
+`pytest tests/test_adapter.py`
+"""
+
+import pytest
+import torch
+
+from projected_grpo.adapter import (
+    LoRAAdapter,
+    SVDAdapter,
+    adapter_parameters,
+    adapters,
+    adapters_disabled,
+    attach_adapters,
+    knob_disabled,
+    knob_off,
+    knob_on,
+    load_adapter,
+    probes,
+    save_adapter,
+    svd_factors,
+    token_capture,
+)  # fmt: skip
+from projected_grpo.logprobs import batch_sequences, completion_logprobs, token_logprobs
+from projected_grpo.tiny import tiny_model, tiny_tokenizer
+
+T_SAMPLE = 0.7
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def fresh(tok, kind="svd", rank=6, targets="all", seed=0):
+    """(base fp64 model, adapted fp64 model with fp64 δS masters): same weights."""
+    base = tiny_model(len(tok), seed=seed).double()
+    m = tiny_model(len(tok), seed=seed).double()
+    attach_adapters(m, targets, rank, kind, param_dtype=torch.float64)
+    return base, m
+
+
+def batch(tok, n=3, seed=0):
+    """Right-padded prompt + completion rows of different lengths: (ids, att, completion_mask)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, len(tok), (int(5 + i),), generator=g).tolist() for i in range(n)]
+    comps = [torch.randint(3, len(tok), (int(4 + 2 * i),), generator=g).tolist() for i in range(n)]
+    return batch_sequences(prompts, comps, tok.pad_token_id)
+
+
+def randomize_(m, scale=0.3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in [*adapter_parameters(m)[0], *adapter_parameters(m)[1]]:
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+
+
+def dr_grpo_like_loss(logp, mask, adv, l_max):
+    """A Dr.GRPO-shaped loss: a token sum over rollouts divided by the constant N·L_max."""
+    n = logp.shape[0]
+    return -(torch.where(mask.bool(), logp, 0.0) * adv[:, None]).sum() / (n * l_max)
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_I1_identity_at_init(tok, kind):
+    base, m = fresh(tok, kind)
+    ids, att, cm = batch(tok)
+    with torch.no_grad():
+        lb = base(input_ids=ids, attention_mask=att).logits
+        lm = m(input_ids=ids, attention_mask=att).logits
+        assert torch.equal(lb, lm), "logits at δS = δS_h = 0 must be bit-identical to the base model"
+        with probes(m, ids.shape[0]):  # probes at value 0 change nothing either
+            assert torch.equal(m(input_ids=ids, attention_mask=att).logits, lb)
+        logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+        with adapters_disabled(m):
+            ref, _ = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+    assert torch.equal(logp, ref)
+    kl = torch.exp(ref - logp) - (ref - logp) - 1  # k3 estimator
+    assert torch.equal(kl, torch.zeros_like(kl))
+
+
+def test_I2_delta_gradient_formula(tok):
+    """On the whole model: δS.grad == diag(Uᵀ (∂L/∂W') V), non-zero at δS = 0."""
+    _, m = fresh(tok, rank=5)
+    ids, att, cm = batch(tok)
+    for a in adapters(m).values():
+        a.base.weight.requires_grad_(True)  # ∂L/∂W' = ∂L/∂W, since W' = W + U diag(δS + δS_h) Vᵀ
+    logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+    (-(torch.where(mask.bool(), logp, 0.0)).sum()).backward()
+    for name, a in adapters(m).items():
+        g = a.delta.grad
+        assert g.abs().max() > 0, f"{name}: ∂L/∂δS must be non-zero at δS = 0 (unlike LoRA's B = 0)"
+        torch.testing.assert_close(g, torch.diagonal(a.U.T @ a.base.weight.grad @ a.V), atol=1e-10, rtol=1e-9)
+
+
+def test_I2_token_sum_formula_and_finite_differences():
+    """On one wrapped Linear in exact fp64 (Qwen3's RMSNorm computes in fp32, which caps whole-model finite
+    differences): δS.grad == Σ_t (Uᵀγ_t) ⊙ (Vᵀx_t), and it agrees with central differences to 1e-8."""
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(7, 6, bias=False).double()
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(6, 7, generator=g, dtype=torch.float64))
+    U, V = svd_factors(lin.weight, 4)
+    a = SVDAdapter(lin, U, V, torch.float64)
+    with torch.no_grad():
+        a.delta.copy_(torch.randn(4, generator=g, dtype=torch.float64) * 0.1)
+    x = torch.randn(2, 5, 7, generator=g, dtype=torch.float64)
+    c = torch.randn(2, 5, 6, generator=g, dtype=torch.float64)
+    loss_fn = lambda: (torch.tanh(a(x)) * c).sum()  # noqa: E731
+    y = a(x)
+    gamma = torch.autograd.grad((torch.tanh(y) * c).sum(), y)[0]  # (2, 5, 6) ∂L/∂y_t
+    loss_fn().backward()
+    formula = torch.einsum("nto,or,nti,ir->r", gamma, a.U, x, a.V)  # Σ_t (Uᵀγ_t) ⊙ (Vᵀx_t)
+    torch.testing.assert_close(a.delta.grad, formula, atol=1e-12, rtol=1e-10)
+    d0, h = a.delta.detach().clone(), 1e-5
+    fd = []
+    for e in torch.eye(4, dtype=torch.float64):
+        with torch.no_grad():
+            a.delta.copy_(d0 + h * e)
+            lp = float(loss_fn())
+            a.delta.copy_(d0 - h * e)
+            lm = float(loss_fn())
+        fd.append((lp - lm) / (2 * h))
+    torch.testing.assert_close(a.delta.grad, torch.tensor(fd, dtype=torch.float64), atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_I3_tied_raw_gradients(tok, kind):
+    _, m = fresh(tok, kind)
+    randomize_(m)
+    ids, att, cm = batch(tok)
+    logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+    (-(torch.where(mask.bool(), logp, 0.0)).sum()).backward()
+    for n, a in adapters(m).items():
+        assert torch.equal(a.delta.grad, a.knob.grad), n
+        assert a.delta.grad.abs().max() > 0, n
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_I4_probe_is_the_per_sample_gradient(tok, kind):
+    _, m = fresh(tok, kind)
+    randomize_(m)
+    ids, att, cm = batch(tok, n=3)
+    adv = torch.tensor([1.5, -0.5, -1.0], dtype=torch.float64)  # e.g. a hack row and two clean rows
+    l_max = 20
+    with probes(m, 3) as es:
+        logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+        dr_grpo_like_loss(logp, mask, adv, l_max).backward()
+    for n, a in adapters(m).items():
+        torch.testing.assert_close(es[n].grad.sum(0), a.delta.grad, atol=1e-12, rtol=0)
+    # each row alone (no padding, its own batch of 1) with the normaliser rescaled by N_alone / N = 1/3
+    for i in range(3):
+        L = int(att[i].sum())
+        m.zero_grad()
+        with probes(m, 1) as e1:
+            lp, mk = completion_logprobs(m, ids[i : i + 1, :L], att[i : i + 1, :L], cm[i : i + 1, :L], T_SAMPLE)
+            (dr_grpo_like_loss(lp, mk, adv[i : i + 1], l_max) / 3).backward()
+        for n in es:
+            torch.testing.assert_close(es[n].grad[i], e1[n].grad[0], atol=1e-12, rtol=1e-9)
+
+
+def test_I4_no_leak_between_rows(tok):
+    """A row's probe gradient does not change when its batch-mate changes (hack vs clean in one batch)."""
+    _, m = fresh(tok)
+    randomize_(m)
+    ids, att, cm = batch(tok, n=2, seed=0)
+    ids2 = ids.clone()
+    ids2[1, : int(att[1].sum())] = torch.randint(3, len(tok), (int(att[1].sum()),),
+                                                 generator=torch.Generator().manual_seed(9))  # fmt: skip
+    grads = []
+    for x in (ids, ids2):
+        with probes(m, 2) as es:
+            logp, mask = completion_logprobs(m, x, att, cm, T_SAMPLE)
+            (-(torch.where(mask.bool(), logp, 0.0)).sum()).backward(inputs=list(es.values()))
+        grads.append({n: e.grad[0].clone() for n, e in es.items()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_I16_deploy_knob_off_on(tok, kind, tmp_path):
+    _, m = fresh(tok, kind)
+    randomize_(m)
+    ids, att, _ = batch(tok)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    with torch.no_grad():
+        on = m(input_ids=ids, attention_mask=att).logits
+    knob_off(m)
+    knob_off(m)  # idempotent: the stash keeps the trained knob
+    changed = {n for n, p in m.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {n for n in before if n.endswith(".knob")}, "knob_off may change only δS_h"
+    assert all(float(a.knob.detach().abs().max()) == 0 for a in adapters(m).values())
+    with torch.no_grad():
+        off = m(input_ids=ids, attention_mask=att).logits
+    # a fresh model with δS loaded and δS_h = 0
+    save_adapter(m, tmp_path / "a.safetensors")
+    _, m2 = fresh(tok, kind)
+    load_adapter(m2, tmp_path / "a.safetensors")
+    with torch.no_grad():
+        for a in adapters(m2).values():
+            a.knob.zero_()
+        assert torch.equal(m2(input_ids=ids, attention_mask=att).logits, off)
+    knob_on(m)
+    with torch.no_grad():
+        assert torch.equal(m(input_ids=ids, attention_mask=att).logits, on), "knob_on must restore bit-exactly"
+        with knob_disabled(m):
+            assert torch.equal(m(input_ids=ids, attention_mask=att).logits, off)
+        assert torch.equal(m(input_ids=ids, attention_mask=att).logits, on)
+    assert not torch.equal(on, off)
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_I18_reference_independent_of_adapter_values(tok, kind):
+    base, m = fresh(tok, kind)
+    ids, att, cm = batch(tok)
+    with torch.no_grad():
+        ref0, _ = completion_logprobs(base, ids, att, cm, T_SAMPLE)
+        for seed in (1, 2):
+            randomize_(m, seed=seed)
+            with adapters_disabled(m):
+                ref, _ = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+            assert torch.equal(ref, ref0)
+            pol, _ = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+            assert not torch.equal(pol, ref0)  # the policy does move
+
+
+def test_save_load_roundtrip_and_mismatch(tok, tmp_path):
+    _, m = fresh(tok)
+    randomize_(m)
+    knob_off(m)  # saving while the knob is off still writes the trained knob
+    save_adapter(m, tmp_path / "x.safetensors", {"step": 3})
+    _, m2 = fresh(tok)
+    assert load_adapter(m2, tmp_path / "x.safetensors")["step"] == 3
+    knob_on(m)
+    for (n, p), (_, q) in zip(m.named_parameters(), m2.named_parameters()):
+        assert torch.equal(p, q), n
+    _, m3 = fresh(tok, targets="residual_writers")
+    with pytest.raises(ValueError, match="does not match the attached adapters"):
+        load_adapter(m3, tmp_path / "x.safetensors")
+
+
+def test_attach_wraps_targets_and_freezes_base(tok):
+    _, m = fresh(tok, targets="residual_writers")
+    names = list(adapters(m))
+    assert names and all(n.endswith(("o_proj", "down_proj")) for n in names)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable == {f"{n}.{k}" for n in names for k in ("delta", "knob")}
+    assert all(isinstance(a, SVDAdapter) for a in adapters(m).values())
+    _, ml = fresh(tok, kind="lora", rank=3)
+    a = next(iter(adapters(ml).values()))
+    assert isinstance(a, LoRAAdapter) and a.dim == a.base.out_features * 3
+    with pytest.raises(ValueError, match="already has adapters"):
+        attach_adapters(m, "all", 4)
+    with pytest.raises(ValueError, match="kind"):
+        attach_adapters(tiny_model(len(tok)), "all", 4, kind="dora")
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_token_capture_sums_to_probe_projections(tok, kind):
+    """Σ_t of the captured per-token coefficients = <e.grad[n], dirs_j> (the per-rollout coefficient), I17-style."""
+    _, m = fresh(tok, kind)
+    randomize_(m)
+    ids, att, cm = batch(tok)
+    g = torch.Generator().manual_seed(3)
+    dirs = {n: torch.randn(2, a.dim, generator=g, dtype=torch.float64) for n, a in adapters(m).items()}
+    with probes(m, 3) as es, token_capture(m, dirs) as caps:
+        logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+        (-(torch.where(mask.bool(), logp, 0.0)).sum()).backward()
+    for n, a in caps.items():
+        assert a.token_coef.shape[:2] == ids.shape and a.token_coef.shape[2] == 2
+        torch.testing.assert_close(a.token_coef.sum(1), es[n].grad @ dirs[n].T, atol=1e-10, rtol=1e-9)
+
+
+def test_svd_factors_cached_and_orthonormal(tmp_path):
+    w = torch.randn(12, 9, generator=torch.Generator().manual_seed(0))
+    U, V = svd_factors(w, 4, tmp_path)
+    assert len(list(tmp_path.iterdir())) == 1
+    U2, V2 = svd_factors(w, 4, tmp_path)
+    assert torch.equal(U, U2) and torch.equal(V, V2)
+    torch.testing.assert_close(U.T @ U, torch.eye(4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(V.T @ V, torch.eye(4), atol=1e-5, rtol=0)
+    S = torch.linalg.svdvals(w)[:4]
+    torch.testing.assert_close(U.T @ w @ V, torch.diag(S), atol=1e-5, rtol=0)  # top-r singular triplets
+
+
+def test_token_logprobs_temperature():
+    logits = torch.tensor([[[2.0, 0.0, -1.0]]])
+    lp = token_logprobs(logits, torch.tensor([[0]]), 0.5)
+    torch.testing.assert_close(lp, torch.log_softmax(logits / 0.5, -1)[..., 0])

@@ -1,0 +1,357 @@
+"""Dr.GRPO advantages and loss (method.md §3.7, invariant I13) against TRL itself.
+
+Covers: `group_advantages` vs TRL's advantage code (scale_rewards "none" and "group", NaN rewards -> A = 0) and vs a
+per-group Python loop; `grpo_loss` vs TRL's real `GRPOTrainer.compute_loss` (loss_type="dr_grpo", beta > 0, rho != 1
+with clipping active, ragged mask; loss, gradient w.r.t. logp, clip and KL metrics; also per micro-batch with gradient
+accumulation); the closed form at rho = 1, beta = 0; padding invariance; GA invariance (n_rows); the on-policy
+REINFORCE-with-k3 gradient; the TRL version pin.
+
+How TRL is called: the trainer is built with `object.__new__(GRPOTrainer)` plus the attributes `_compute_loss` reads,
+taken from a real `GRPOConfig` the way `GRPOTrainer.__init__` copies them (trl 1.16.0 grpo_trainer.py:782-1080), and
+`_get_per_token_logps_and_entropies` replaced on the instance to return our logp. The loss code that runs is TRL's
+own (`compute_loss` -> `_compute_loss`, grpo_trainer.py:2939-2942 and 3020-3290). The advantages live inside the
+600-line `_generate_and_score_completions` (which generates text), so they are a line-by-line transcription of
+grpo_trainer.py:2756-2810 (sum_then_normalize branch, one reward function of weight 1), using TRL's own `nanstd`;
+`test_trl_advantage_source_unchanged` checks those lines are still in the installed source.
+
+Needs the dev extra (`pip install -e '.[dev]'`, which pins trl). Run: `PYTHONPATH=src python -m pytest -q
+tests/test_grpo_loss.py`
+"""
+
+import inspect
+import warnings
+from collections import defaultdict
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from projected_grpo.grpo_loss import group_advantages, grpo_loss
+
+TRL_PIN = "1.16.0"  # keep equal to the dev-extra pin in pyproject.toml
+F64 = torch.float64
+
+
+# ------------------------------------------------------------------------------------------------------------ TRL
+@pytest.fixture(scope="module")
+def trl():
+    """The pinned TRL (a hard dev dependency: a missing TRL is an error, not a skip)."""
+    import trl
+
+    return trl
+
+
+def test_trl_version_pinned(trl):
+    assert trl.__version__ == TRL_PIN, (
+        f"trl is {trl.__version__}, the tests were written against {TRL_PIN}: re-check the transcribed advantage code "
+        "(grpo_trainer.py:2756-2810), the attributes set in make_trl_trainer, and the cited line numbers, then update "
+        "TRL_PIN and the pin in pyproject.toml"
+    )
+
+
+def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=False):
+    """A GRPOTrainer with only the state `_compute_loss` reads, configured through a real GRPOConfig."""
+    from accelerate import Accelerator
+    from trl import GRPOConfig, GRPOTrainer
+
+    with warnings.catch_warnings():  # transformers 5.23 warns about its own deprecated gradient_checkpointing field
+        warnings.simplefilter("ignore", FutureWarning)
+        args = GRPOConfig(
+            output_dir="unused_trl_output",  # never written: nothing is saved
+            loss_type="dr_grpo",
+            scale_rewards="none",
+            beta=beta,
+            epsilon=clip_lo,
+            epsilon_high=clip_hi,
+            max_completion_length=l_max,
+            # trl 1.16 defaults to True (KL * rho, which changes the KL gradient); method.md §3.7 has no rho on the KL
+            use_bias_correction_kl=bias_correction_kl,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        )
+    t = object.__new__(GRPOTrainer)
+    t.args = args
+    # copied as in GRPOTrainer.__init__ (grpo_trainer.py:782, 811, 815, 819, 833-835, 845-850, 945-946, 983, 1080)
+    t.max_completion_length = args.max_completion_length
+    t.use_vllm = args.use_vllm
+    t.vllm_importance_sampling_correction = args.vllm_importance_sampling_correction
+    t.loss_type = args.loss_type
+    t.scale_rewards = args.scale_rewards
+    t.importance_sampling_level = args.importance_sampling_level
+    t.off_policy_mask_threshold = args.off_policy_mask_threshold
+    t.top_entropy_quantile = args.top_entropy_quantile
+    t.entropy_coef = args.entropy_coef
+    t.use_adaptive_entropy = args.use_adaptive_entropy
+    t._entropy_bonus_enabled = t.entropy_coef != 0.0 or t.use_adaptive_entropy
+    t.epsilon_low = args.epsilon
+    t.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    t.beta = args.beta
+    t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    t.aux_loss_enabled = False  # set from the model config in __init__: dense model, no MoE router loss
+    t.accelerator = Accelerator(cpu=True)  # single process: gather/reduce are identities
+    t.model = torch.nn.Module().train()  # only `.training` is read (train mode -> divide by GA)
+    t.current_gradient_accumulation_steps = ga  # set by transformers' Trainer training loop
+    assert t.loss_type == "dr_grpo" and t.scale_rewards == "none" and t.importance_sampling_level == "token"
+    return t
+
+
+def trl_loss(trainer, logp, old_logp, ref_logp, adv, mask):
+    """Run TRL's real compute_loss with the policy forward replaced by `logp` (a leaf we own)."""
+    B, T = logp.shape
+
+    def fake_logps(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == T and input_ids.shape == (B, 1 + T)
+        return logp, torch.zeros_like(logp), None  # (per_token_logps, entropies, aux_loss)
+
+    trainer._get_per_token_logps_and_entropies = fake_logps  # instance attribute shadows the method
+    inputs = {
+        "prompt_ids": torch.zeros(B, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old_logp,
+        "ref_per_token_logps": ref_logp,
+    }
+    return trainer.compute_loss(trainer.model, inputs)
+
+
+# transcription of trl 1.16.0 grpo_trainer.py:2756-2810 for one reward function of weight 1
+# (multi_objective_aggregation="sum_then_normalize", the default), each line as in the source
+TRL_ADV_SOURCE = (
+    "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+    "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+    "rewards[unscorable_mask] = torch.nan",
+    "mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+    "mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)",
+    "std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)",
+    "std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)",
+    "advantages = rewards - mean_grouped_rewards",
+    'if self.scale_rewards != "none":',
+    "advantages = advantages / (std_rewards + 1e-4)",
+    "advantages = torch.nan_to_num(advantages, nan=0.0)",
+)
+
+
+def trl_advantages(rewards, num_generations, scale_rewards):
+    from trl.trainer.utils import nanstd
+
+    rewards_per_func = rewards.unsqueeze(1)  # (B, 1): one reward function
+    reward_weights = torch.ones(1, dtype=rewards.dtype)
+    unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * reward_weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+    mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+    std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)
+    std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+    advantages = rewards - mean_grouped_rewards
+    if scale_rewards != "none":
+        advantages = advantages / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def test_trl_advantage_source_unchanged(trl):
+    from trl import GRPOTrainer
+
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    missing = [line for line in TRL_ADV_SOURCE if line not in src]
+    assert not missing, f"TRL's advantage code changed, re-transcribe trl_advantages: {missing}"
+
+
+# ----------------------------------------------------------------------------------------------------- advantages
+def rewards_with_nans(P=5, G=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, 4, (P * G,), generator=g).to(F64) * 0.5  # ties and constant groups are likely
+    r[1] = float("nan")  # one screened sample in group 0
+    r[G : 2 * G] = float("nan")  # group 1 entirely screened
+    r[2 * G : 3 * G] = 1.5  # group 2 constant
+    r[3 * G + 1 : 4 * G] = float("nan")  # group 3: a single scored sample
+    return r
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_advantages_match_trl(trl, scale):
+    r = rewards_with_nans()
+    ours = group_advantages(r, group_size=4, scale=scale)
+    ref = trl_advantages(r.clone(), num_generations=4, scale_rewards="group" if scale else "none")
+    # scale=True: TRL's nanstd forms the Bessel factor count/(count-1) by int/int true division, i.e. in float32 even
+    # for float64 rewards (utils.py:1041), so it is off by ~1e-8 relative; ours stays in the rewards' dtype.
+    assert_close(ours, ref, atol=1e-12, rtol=1e-7 if scale else 0.0)
+    assert not ours.isnan().any()
+    assert torch.equal(ours[r.isnan()], torch.zeros(int(r.isnan().sum()), dtype=F64))  # screened -> A = 0
+
+
+def loop_advantages(rewards, G, scale, eps=1e-4):
+    """Slow, obvious reference: one group at a time, screened samples dropped from the statistics."""
+    out = []
+    for g in range(len(rewards) // G):
+        grp = rewards[g * G : (g + 1) * G].tolist()
+        scored = [x for x in grp if x == x]  # x != x only for NaN
+        mean = sum(scored) / len(scored) if scored else 0.0
+        std = (sum((x - mean) ** 2 for x in scored) / (len(scored) - 1)) ** 0.5 if len(scored) > 1 else None
+        for x in grp:
+            if x != x or (scale and std is None):
+                out.append(0.0)
+            else:
+                out.append((x - mean) / (std + eps) if scale else x - mean)
+    return torch.tensor(out, dtype=F64)
+
+
+@pytest.mark.parametrize("P,G", [(1, 2), (3, 4), (6, 8)])
+@pytest.mark.parametrize("scale", [False, True])
+def test_advantages_match_loop(P, G, scale):
+    g = torch.Generator().manual_seed(P * G)
+    r = torch.randn(P * G, generator=g, dtype=F64)
+    r[torch.rand(P * G, generator=g) < 0.2] = float("nan")
+    assert_close(group_advantages(r, G, scale=scale), loop_advantages(r, G, scale), atol=1e-12, rtol=0)
+
+
+def test_advantages_zero_mean_and_constant_groups():
+    g = torch.Generator().manual_seed(1)
+    r = torch.randn(6 * 8, generator=g, dtype=F64)
+    r[8:16] = 3.0  # a constant group carries no signal
+    adv = group_advantages(r, 8)
+    assert_close(adv.view(6, 8).mean(1), torch.zeros(6, dtype=F64), atol=1e-12, rtol=0)
+    assert torch.equal(adv[8:16], torch.zeros(8, dtype=F64))
+    assert torch.equal(group_advantages(torch.full((8,), 2.0), 4, scale=True), torch.zeros(8))  # 0 / (0 + eps)
+
+
+def test_advantages_reject_bad_shapes():
+    with pytest.raises(ValueError):
+        group_advantages(torch.zeros(7), 4)
+
+
+# ----------------------------------------------------------------------------------------------------------- loss
+def random_batch(B=8, T=6, seed=0, ragged=True):
+    """Random (logp, old_logp, ref_logp, adv, mask) with rho spread well past the clip range."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=F64) * 3.0  # (B, T) log-probs in (-3, 0]
+    old_logp = logp + 0.4 * torch.randn(B, T, generator=g, dtype=F64)  # rho = exp(logp - old) far from 1
+    ref_logp = logp + 0.5 * torch.randn(B, T, generator=g, dtype=F64)
+    adv = group_advantages(torch.randn(B, generator=g, dtype=F64), group_size=4)  # (B,) both signs
+    if ragged:
+        lengths = torch.randint(1, T + 1, (B,), generator=g)
+        lengths[0], lengths[1] = T, 1  # one full row, one single-token row
+    else:
+        lengths = torch.full((B,), T)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(F64)  # (B, T) ragged right padding
+    return logp, old_logp, ref_logp, adv, mask
+
+
+CLIP_LO, CLIP_HI, BETA = 0.2, 0.28, 0.05
+
+
+def ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None):
+    leaf = logp.clone().requires_grad_(True)
+    loss, metrics = grpo_loss(leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows=n_rows)
+    loss.backward()
+    return loss.detach(), leaf.grad, metrics
+
+
+@pytest.mark.parametrize("ga", [1, 2, 4])
+def test_loss_matches_trl_dr_grpo(trl, ga):
+    """I13: our loss, gradient and metrics equal TRL's dr_grpo on each of `ga` micro-batches of an 8-row batch."""
+    l_max = 8
+    logp, old_logp, ref_logp, adv, mask = random_batch(B=8, T=6)
+    trainer = make_trl_trainer(l_max, CLIP_LO, CLIP_HI, BETA, ga=ga)
+    mb = 8 // ga
+    for i in range(ga):
+        rows = slice(i * mb, (i + 1) * mb)
+        args = (old_logp[rows], ref_logp[rows], adv[rows], mask[rows])
+        theirs_leaf = logp[rows].clone().requires_grad_(True)
+        theirs = trl_loss(trainer, theirs_leaf, *args)
+        theirs.backward()
+        ours, grad, metrics = ours_loss_and_grad(logp[rows], *args, l_max=l_max, n_rows=8)
+        assert_close(ours, theirs.detach(), atol=1e-12, rtol=0)
+        assert_close(grad, theirs_leaf.grad, atol=1e-12, rtol=0)
+        logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+        assert metrics["clip_frac"] == pytest.approx(logged["clip_ratio/region_mean"], abs=1e-12)
+        assert metrics["kl"] == pytest.approx(logged["kl"], abs=1e-12)
+        if ga == 1:
+            assert 0.0 < metrics["clip_frac"] < 1.0, "the test needs some clipped and some unclipped tokens"
+            assert mask.sum() < mask.numel() and metrics["ratio_mean"] != pytest.approx(1.0)
+
+
+def test_trl_default_bias_corrected_kl_differs(trl):
+    """Guard: TRL 1.16's default use_bias_correction_kl=True changes the on-policy KL gradient (not our loss)."""
+    l_max = 8
+    logp, _, ref_logp, adv, mask = random_batch()
+    trainer = make_trl_trainer(l_max, CLIP_LO, CLIP_HI, BETA, bias_correction_kl=True)
+    leaf = logp.clone().requires_grad_(True)
+    theirs = trl_loss(trainer, leaf, leaf.detach(), ref_logp, adv, mask)  # on-policy: rho == 1 in value
+    theirs.backward()
+    ours, grad, _ = ours_loss_and_grad(logp, logp, ref_logp, adv, mask, l_max)
+    assert_close(ours, theirs.detach(), atol=1e-12, rtol=0)  # same value ...
+    assert not torch.allclose(grad, leaf.grad, atol=1e-6)  # ... different gradient
+
+
+def test_closed_form_on_policy_no_kl():
+    """rho = 1, beta = 0: L = -sum_n A_n |o_n| / (B L_max); full mask with T = L_max gives -mean(A)."""
+    logp, _, _, adv, mask = random_batch(B=8, T=6)
+    loss, _ = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=10)
+    assert_close(loss, -(adv * mask.sum(1)).sum() / (8 * 10), atol=1e-12, rtol=0)
+
+    logp, _, _, adv, mask = random_batch(B=8, T=6, ragged=False)
+    loss, metrics = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=6)
+    assert_close(loss, -adv.mean(), atol=1e-12, rtol=0)
+    assert metrics["clip_frac"] == 0.0 and metrics["ratio_mean"] == 1.0 and metrics["kl"] != metrics["kl"]  # NaN
+
+
+def test_padding_invariance():
+    """+-1e4 garbage at masked positions of logp/old_logp/ref_logp changes neither loss nor gradient."""
+    l_max = 8
+    logp, old_logp, ref_logp, adv, mask = random_batch()
+    pad = mask == 0
+    assert pad.any()
+    g = torch.Generator().manual_seed(7)
+    junk = lambda: torch.where(torch.rand(mask.shape, generator=g) < 0.5, 1e4, -1e4).to(F64)
+    dirty = [torch.where(pad, junk(), x) for x in (logp, old_logp, ref_logp)]
+    clean_loss, clean_grad, clean_m = ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max)
+    dirty_loss, dirty_grad, dirty_m = ours_loss_and_grad(dirty[0], dirty[1], dirty[2], adv, mask, l_max)
+    assert torch.isfinite(dirty_loss) and torch.isfinite(dirty_grad).all()
+    assert_close(dirty_loss, clean_loss, atol=1e-12, rtol=0)
+    assert_close(dirty_grad, clean_grad, atol=1e-12, rtol=0)
+    assert torch.equal(dirty_grad[pad], torch.zeros(int(pad.sum()), dtype=F64))
+    assert dirty_m == pytest.approx(clean_m, abs=1e-12)
+
+
+@pytest.mark.parametrize("n_micro", [2, 4])
+def test_grad_accumulation_invariance(n_micro):
+    """Micro-batches with n_rows=B sum to the full-batch loss and gradient."""
+    l_max = 8
+    logp, old_logp, ref_logp, adv, mask = random_batch(B=8)
+    full_loss, full_grad, _ = ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max)
+    leaf = logp.clone().requires_grad_(True)
+    total = torch.zeros((), dtype=F64)
+    mb = 8 // n_micro
+    for i in range(n_micro):
+        r = slice(i * mb, (i + 1) * mb)
+        loss, _ = grpo_loss(
+            leaf[r], old_logp[r], ref_logp[r], adv[r], mask[r], CLIP_LO, CLIP_HI, BETA, l_max, n_rows=8
+        )
+        loss.backward()  # gradients accumulate in leaf.grad, as in a training loop
+        total = total + loss.detach()
+    assert_close(total, full_loss, atol=1e-12, rtol=0)
+    assert_close(leaf.grad, full_grad, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("beta", [0.0, BETA])
+def test_on_policy_gradient_is_reinforce_with_k3(beta):
+    """method.md §3.7: dL/dlogp = -(A_n mask)/(N L_max) + beta mask (1 - e^{ref - logp})/(N L_max) on-policy."""
+    l_max, B = 10, 8
+    logp, _, ref_logp, adv, mask = random_batch(B=B, T=6)
+    _, grad, _ = ours_loss_and_grad(logp, logp, ref_logp, adv, mask, l_max, beta=beta)
+    expected = (-adv[:, None] * mask + beta * mask * (1.0 - torch.exp(ref_logp - logp))) / (B * l_max)
+    assert_close(grad, expected, atol=1e-12, rtol=0)
+
+
+def test_loss_rejects_bad_inputs():
+    logp, old_logp, ref_logp, adv, mask = random_batch(T=6)
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo_loss(logp, old_logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
+    with pytest.raises(ValueError, match="l_max"):
+        grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=5)
+    with pytest.raises(ValueError, match="shapes"):
+        grpo_loss(logp, old_logp, ref_logp, adv[:-1], mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
