@@ -223,6 +223,6 @@ def test_resume_after_kill_is_bitwise_identical(tmp_path):
     subprocess.run([sys.executable, str(script), str(killed), "0"], check=True, env=env, timeout=600)
     a, b = load_file(full / "final.safetensors"), load_file(killed / "final.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert (full / "log.tsv").read_text() .splitlines()[-1].split("\t")[:5] == \
+    assert (full / "log.tsv").read_text().splitlines()[-1].split("\t")[:5] == \
         (killed / "log.tsv").read_text().splitlines()[-1].split("\t")[:5]  # fmt: skip
     assert len((killed / "log.tsv").read_text().splitlines()) == 7  # header + 6 steps, no duplicate rows
