@@ -1,7 +1,8 @@
 """Stage `train` / `train_ref`: one GRPO run of one arm × seed, resumable from its last checkpoint.
 
-Loads the base policy, attaches the adapter at δS = 0, the arm's basis (the random control's for `*_random` arms)
-and, for gated routing, the held-out calibration pairs of `basis.pairset`; then projected_grpo.train.train.
+Loads the base policy, attaches the adapter at δS = 0, the arm's basis (the random control's for `*_random` arms;
+plus act.safetensors when basis.space=act gates per-rollout routing) and the held-out pairs of `basis.pairset` the arm
+reads (calibration for gated routing, extraction for projection.refresh_every > 0); then projected_grpo.train.train.
 Writes checkpoints to --out, one TSV row per step to --log, and the run's final metrics to --metrics.
 """
 
@@ -16,11 +17,11 @@ from projected_grpo.basis import Basis
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv, write_metrics
 from projected_grpo.model import load_model_and_tokenizer
-from projected_grpo.pairs import load_pairset, pair_records, pairset_path, select_pairs
+from projected_grpo.pairs import load_pairset, pairset_path
 from projected_grpo.pool import load_pool
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
-from projected_grpo.train import Calibration, run_signature, summarize_log, train
+from projected_grpo.train import GATED, act_gated, held_out_pairs, refreshes, run_signature, summarize_log, train
 
 
 def main(
@@ -33,29 +34,31 @@ def main(
     log: Path = typer.Option(..., help="Per-step TSV log."),
     metrics: Path = typer.Option(..., help="Final metrics JSON."),
     basis: Path = typer.Option(None, help="Basis stage directory (arms that read a basis)."),
-    pairsets: Path = typer.Option(None, help="Pair-set root (calibration pairs of gated routing arms)."),
+    pairsets: Path = typer.Option(None, help="Pair-set root (gate calibration, basis refresh)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
     p, a = load_params(params), get_arm(arm)
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
-    b = None
+    b = act = None
     if a.needs_basis:
         if basis is None:
             raise typer.BadParameter(f"arm {arm} reads a basis: pass --basis")
         b = Basis.load(basis / ("random.safetensors" if a.random_dir else "basis.safetensors"))
+        act = Basis.load(basis / "act.safetensors") if act_gated(p, a) else None
     model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
     attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
     records = load_problems_parquet(problems / "train.parquet")
-    cal = None
-    if a.edit in ("route_per_rollout", "route_per_token"):
+    cal = ex = None
+    if a.edit in GATED or refreshes(p, a):
+        if pairsets is None:
+            raise typer.BadParameter(f"arm {arm} reads held-out pairs (gate calibration or refresh): pass --pairsets")
         holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
-        pairs = select_pairs(load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), "calibrate")
-        cal = Calibration(pair_records(pairs, holdout), [q.hack for q in pairs], [q.clean for q in pairs])
+        cal, ex = held_out_pairs(p, a, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         train(p, a, seed, model, tok, records, sb, out, log, basis=b, cal=cal, pool=teacher_pool,
-              signature=run_signature(p, a, seed, basis))  # fmt: skip
+              signature=run_signature(p, a, seed, basis), extraction=ex, act=act)  # fmt: skip
     write_metrics(metrics, summarize_log(read_tsv(log)))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 

@@ -2,7 +2,10 @@
 
 Pure-math tests run on random float64 inputs, parametrised over (r, k); the optimizer tests run short optimisation
 runs on a separable noisy quadratic and assert on the *parameters* δS / δS_h, not only on the gradients (house_style
-§7 pattern 7). I17 uses the tiny Qwen3 model with per-token capture.
+§7 pattern 7). I17 uses the tiny Qwen3 model with per-token capture, in the training layout (left-padded prompts), and
+checks the captured reductions against per-token gradients rebuilt independently from module hooks; per-token scores,
+gates and routing are checked on them. The basis refresh (`RotatedAdam.rebase`) keeps the parameters, keeps erase
+exact from the first step after it, handles modules joining/leaving the kept set, and resumes bit-exactly.
 
 `PYTHONPATH=src python -m pytest -q tests/test_projection.py`
 """
@@ -13,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from projected_grpo.basis import random_directions
+from projected_grpo.basis import auroc, random_directions
 from projected_grpo.optim import RotatedAdam
 from projected_grpo.projection import (
     ARMS,
@@ -21,10 +24,15 @@ from projected_grpo.projection import (
     calibrate_band,
     clip_coef,
     complete_rotation,
+    completion_positions,
     edit_coords,
+    rank_auroc,
     rollout_scores,
     route_per_rollout,
     route_per_token,
+    token_gate,
+    token_scores,
+    window_sum,
 )
 
 SHAPES = [(8, 1), (16, 3), (64, 8)]  # (r, k)
@@ -539,6 +547,243 @@ def test_I17_per_token_sums_and_per_token_routes_more():
     assert strictly_more  # mixed-sign token coefficients exist, so per-token routing really moves more
 
 
+def tiny_per_token(N: int = 3, seed: int = 18):
+    """A Dr.GRPO-shaped backward on the fp64 tiny model in the *training* layout (left-padded prompts, right-padded
+    completions, rollout_logprobs), with per-token capture and, independently, the per-token δS gradients
+    g_{m,n,t} = (Vᵀx_t) ⊙ (Uᵀγ_t) rebuilt from module hooks. Returns a dict of everything the tests need."""
+    from projected_grpo.adapter import adapters, attach_adapters, probes, token_capture
+    from projected_grpo.logprobs import rollout_logprobs
+    from projected_grpo.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    m = tiny_model(len(tok)).double()
+    attach_adapters(m, "all", 6, param_dtype=F64)
+    ads = adapters(m)
+    with torch.no_grad():  # away from δS = 0 so every gradient term is generic
+        for i, a in enumerate(ads.values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=gen(100 + i), dtype=F64))
+    g = gen(seed)
+    lp, lc = [4 + 2 * i for i in range(N)], [5 - i + 2 * (i % 2) for i in range(N)]
+    Tp, T = max(lp), max(lc)
+    pi, pm = torch.full((N, Tp), tok.pad_token_id), torch.zeros(N, Tp, dtype=torch.long)
+    ci, cm = torch.full((N, T), tok.pad_token_id), torch.zeros(N, T, dtype=torch.long)
+    for i in range(N):
+        pi[i, Tp - lp[i] :], pm[i, Tp - lp[i] :] = torch.randint(3, len(tok), (lp[i],), generator=g), 1
+        ci[i, : lc[i]], cm[i, : lc[i]] = torch.randint(3, len(tok), (lc[i],), generator=g), 1
+    adv = torch.tensor([1.0, -0.5, 0.0, 2.0][:N], dtype=F64)
+    vh = {n: make_vh(a.dim, 2, seed=i) for i, (n, a) in enumerate(ads.items())}
+    nu = {n: torch.randn(a.dim, generator=gen(300 + i), dtype=F64) for i, (n, a) in enumerate(ads.items())}
+    dirs = {n: torch.cat([vh[n], nu[n][None]]) for n in ads}
+    xs, gammas, hooks = {}, {}, []
+    for n, a in ads.items():  # independent per-token gradients: input x_t and output gradient γ_t of each adapter
+
+        def fwd(mod, args, out, n=n):
+            xs[n] = args[0].detach()
+            out.register_hook(lambda gr: gammas.__setitem__(n, gr.detach()))
+
+        hooks.append(a.register_forward_hook(fwd))
+    with probes(m, N) as es, token_capture(m, dirs) as caps:
+        logp = rollout_logprobs(m, pi, pm, ci, cm, 0.7)  # (N, T)
+        mk = cm.to(F64)
+        loss = -(torch.where(cm.bool(), logp, 0.0) * adv[:, None] * mk).sum() / (N * 16)  # Dr.GRPO-shaped
+        loss.backward()
+    for h in hooks:
+        h.remove()
+    g_tok = {n: (xs[n] @ a.V) * (gammas[n] @ a.U) for n, a in ads.items()}  # (N, Tp + T, r) materialised (test only)
+    return dict(ads=ads, es=es, caps=caps, g_tok=g_tok, vh=vh, nu=nu, adv=adv, cm=cm, Tp=Tp, N=N)
+
+
+def test_I17_per_token_training_layout_sums_and_completion_positions():
+    """Σ_t g_{n,t} = g_n with the completion positions (Tp−1..Tp+T−2, aligned with logp) plus the prompt positions;
+    the captured coefficients and squared norms are the hooks' per-token gradients reduced; Σ_{n,t} = g."""
+    d = tiny_per_token()
+    Tp = d["Tp"]
+    prompt_share = False
+    for n, a in d["caps"].items():
+        gt = d["g_tok"][n]  # (N, Tp + T, r)
+        torch.testing.assert_close(gt.sum(1), d["es"][n].grad, atol=1e-12, rtol=1e-9)  # the hooks rebuild g_n
+        torch.testing.assert_close(a.token_coef, gt @ torch.cat([d["vh"][n], d["nu"][n][None]]).T, atol=1e-12,
+                                   rtol=1e-9)  # fmt: skip
+        torch.testing.assert_close(a.token_sq, gt.pow(2).sum(-1), atol=1e-12, rtol=1e-9)  # ‖g_{n,t}‖²
+        comp, prompt = completion_positions(gt, Tp), gt[:, : Tp - 1]
+        assert comp.shape[1] == d["cm"].shape[1] and float(gt[:, -1].abs().max()) == 0  # last position: no grad
+        torch.testing.assert_close(comp.sum(1) + prompt.sum(1), d["es"][n].grad, atol=1e-12, rtol=1e-9)
+        torch.testing.assert_close(gt.sum((0, 1)), a.delta.grad, atol=1e-12, rtol=1e-9)  # Σ_{n,t} = g
+        pad = completion_positions(gt, Tp)[~d["cm"].bool()]  # positions after EOS: no gradient either
+        assert float(pad.abs().max()) == 0 if pad.numel() else True
+        prompt_share |= float(prompt.abs().max()) > 1e-6
+    assert prompt_share  # prompt positions carry part of g (through attention), so they must be masked, not dropped
+
+
+def test_per_token_scores_gates_and_routing_on_real_token_gradients():
+    """Windowed scores equal the formula on materialised per-token gradients (w = 1: the exact cosine), lie in
+    [−1, 1] and are 0 off the completion; gates are 0 on prompt/padding positions and on A_n = 0 rows, so such a row
+    routes nothing; h = Σ_{n,t} m Vhᵀ relu(Vh g_{n,t}) over completion tokens and main + knob = g."""
+    d = tiny_per_token(N=4)
+    Tp, cm, adv, names = d["Tp"], d["cm"], d["adv"], list(d["ads"])
+    dot = sum(completion_positions(d["caps"][n].token_coef[..., -1], Tp) for n in names)  # (N, T)
+    sq = sum(completion_positions(d["caps"][n].token_sq, Tp) for n in names)
+    nu_sq = float(sum(v.pow(2).sum() for v in d["nu"].values()))
+    g_c = torch.cat([completion_positions(d["g_tok"][n], Tp) for n in names], -1)  # (N, T, Σ r) test only
+    nu_c = torch.cat([d["nu"][n] for n in names])
+    exact = torch.sign(adv)[:, None] * (g_c @ nu_c) / (g_c.norm(dim=-1) * nu_c.norm()).clamp(min=1e-30)
+    s1 = token_scores(dot, sq, cm, torch.sign(adv), 1, nu_sq)
+    torch.testing.assert_close(s1, torch.where(cm.bool(), exact, 0.0), atol=1e-12, rtol=1e-9)
+    w = 3
+    s3 = token_scores(dot, sq, cm, torch.sign(adv), w, nu_sq)
+    for n in range(cm.shape[0]):
+        for t in range(cm.shape[1]):
+            if not cm[n, t] or adv[n] == 0:  # off the completion, or no gradient at all (A_n = 0, no KL here)
+                assert s3[n, t] == 0
+                continue
+            W = [u for u in range(t - w // 2, t + w - w // 2) if 0 <= u < cm.shape[1] and cm[n, u]]
+            ref = torch.sign(adv[n]) * dot[n, W].sum() / (len(W) * sq[n, W].sum() * nu_sq).sqrt()
+            torch.testing.assert_close(s3[n, t], ref, atol=1e-12, rtol=1e-9)
+    assert float(s3.abs().max()) <= 1 + 1e-12
+    lo, hi = float(s3[cm.bool()].quantile(0.3)), float(s3[cm.bool()].quantile(0.7))
+    m_tok = token_gate(s3, adv.float(), cm, lo, hi)
+    assert float(m_tok[~cm.bool()].abs().max()) == 0 and float(m_tok[adv == 0].abs().max()) == 0
+    assert float(m_tok.max()) > 0
+    for n in names:
+        R = complete_rotation(d["vh"][n])
+        total = d["ads"][n].delta.grad @ R
+        alpha = completion_positions(d["caps"][n].token_coef[..., :2], Tp)  # (N, T, k)
+        main, knob = route_per_token(alpha, m_tok, total)
+        torch.testing.assert_close(main + knob, total, atol=1e-12, rtol=0)
+        a_mat = completion_positions(d["g_tok"][n], Tp) @ d["vh"][n].T  # (N, T, k) from the hooks
+        torch.testing.assert_close(knob[:2], (m_tok[..., None] * a_mat.clamp(min=0)).sum((0, 1)), atol=1e-12,
+                                   rtol=1e-9)  # fmt: skip
+        keep = adv != 0  # the A_n = 0 row routes nothing: dropping it changes no knob coordinate
+        _, knob_wo = route_per_token(alpha[keep], m_tok[keep], total)
+        torch.testing.assert_close(knob, knob_wo, atol=1e-15, rtol=0)
+
+
+def test_window_sum_and_rank_auroc_against_naive():
+    x = torch.randn(3, 11, generator=gen(2), dtype=F64)
+    for w in (1, 2, 5, 16):
+        ref = torch.tensor([[float(x[n, max(0, t - w // 2) : t + w - w // 2].sum()) for t in range(11)]
+                            for n in range(3)], dtype=F64)  # fmt: skip
+        torch.testing.assert_close(window_sum(x, w), ref, atol=1e-12, rtol=0)
+    pos = torch.randint(0, 6, (40,), generator=gen(3)).double()  # many ties
+    neg = torch.randint(0, 5, (30,), generator=gen(4)).double()
+    assert abs(rank_auroc(pos, neg) - auroc(pos, neg)) < 1e-12
+    with pytest.raises(ValueError, match="window"):
+        window_sum(x, 0)
+
+
+# --- basis refresh: RotatedAdam.rebase ------------------------------------------------------------------------------
+
+
+def quad_steps(opt, deltas, knobs, vhs, probs, arm, t0, T):
+    """T steps of `arm` on the quadratic from step t0, with the optimizer's current rotations and k per module."""
+    out = []
+    for t in range(t0, t0 + T):
+        main, knob = {}, {}
+        for n in deltas:
+            x = opt.rotate({n: probs[n].grad(deltas[n] + knobs[n], t)})[n]
+            main[n], knob[n] = edit_coords(x, 0 if vhs.get(n) is None else vhs[n].shape[0], arm)
+        opt.step(main, knob)
+        out.append(({n: p.detach().clone() for n, p in deltas.items()},
+                    {n: p.detach().clone() for n, p in knobs.items()}))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("moments", ["rotate", "reset"])
+@pytest.mark.parametrize("arm", ["erase_no_gate", "route_batch"])
+def test_rebase_keeps_parameters_and_edits_exact_after_refresh(kind, moments, arm):
+    """Modules: "c" changes basis, "a" leaves the kept set, "b" joins it, "d" never has one. rebase moves no
+    parameter and re-expresses θ = R_newᵀ δS; from the first step after it, erase updates have no component in the new
+    span(Vh) and route's knob updates lie in it (I9/I10 across a refresh); a module that left is edited no more."""
+    r, k = 12, 3
+    old = {"c": make_vh(r, k, 1), "a": make_vh(r, k, 2), "b": None, "d": None}
+    new = {"c": make_vh(r, k, 3), "a": None, "b": make_vh(r, 2, 4), "d": None}
+    opt, deltas, knobs = make_opt(old, r, kind)
+    probs = {n: Quadratic(r, i) for i, n in enumerate(old)}
+    quad_steps(opt, deltas, knobs, old, probs, arm, 0, 15)
+    before = {n: (deltas[n].detach().clone(), knobs[n].detach().clone()) for n in old}
+    changed = opt.rebase({n: complete_rotation(v) for n, v in new.items() if v is not None},
+                         {n: 0 if v is None else v.shape[0] for n, v in new.items()}, moments)  # fmt: skip
+    assert sorted(changed) == ["a", "b", "c"]
+    for n in old:
+        assert torch.equal(deltas[n], before[n][0]) and torch.equal(knobs[n], before[n][1])  # nothing moved
+        R = opt.R.get(n, torch.eye(r, dtype=F64))
+        torch.testing.assert_close(R @ opt.theta[n], deltas[n].detach(), atol=1e-13, rtol=0)
+        torch.testing.assert_close(R @ opt.phi[n], knobs[n].detach(), atol=1e-13, rtol=0)
+    traj = quad_steps(opt, deltas, knobs, new, probs, arm, 15, 20)
+    prev = before
+    for d, h in traj:
+        for n, v in new.items():
+            dd, dh = d[n] - prev[n][0], h[n] - prev[n][1]
+            if v is None:
+                assert float(dh.abs().max()) == 0  # no basis now: the knob stays where it is
+                continue
+            if arm == "erase_no_gate":
+                assert float((v @ dd).abs().max()) <= 1e-12 * float(dd.norm())
+            else:
+                assert float((dh - v.T @ (v @ dh)).norm()) <= 1e-12 * max(float(dh.norm()), 1e-30)
+                assert (v @ dh <= 1e-15).all()  # one-sided: the knob only ever descends along −v
+        prev = {n: (d[n], h[n]) for n in new}
+    assert float((traj[-1][0]["a"] - before["a"][0]).norm()) > 0  # the module that left keeps training, unedited
+
+
+def test_rebase_moments_rotate_and_reset_semantics():
+    """rotate: main m ← R_newᵀ R_old m with the new span(Vh) part zeroed, knob m and every v reset; reset: all zero.
+    After a reset the module steps exactly like a fresh optimizer started at the same parameters (per-module bias
+    correction restarts), although the global step count goes on."""
+    r, k = 10, 3
+    v_old, v_new = make_vh(r, k, 5), make_vh(r, k, 6)
+    R_old, R_new = complete_rotation(v_old), complete_rotation(v_new)
+    for moments in ("rotate", "reset"):
+        opt, deltas, knobs = make_opt({"m": v_old}, r)
+        probs = {"m": Quadratic(r, 3)}
+        quad_steps(opt, deltas, knobs, {"m": v_old}, probs, "route_batch", 0, 12)
+        m_old = opt.exp_avg["main"]["m"].clone()
+        opt.rebase({"m": R_new}, {"m": k}, moments)
+        m_new, v_main = opt.exp_avg["main"]["m"], opt.exp_avg_sq["main"]["m"]
+        assert float(opt.exp_avg["knob"]["m"].abs().max()) == 0 and float(v_main.abs().max()) == 0
+        if moments == "rotate":
+            want = R_new.T @ (R_old @ m_old)
+            want[:k] = 0
+            torch.testing.assert_close(m_new, want, atol=1e-15, rtol=0)
+            assert opt.t_m["main"]["m"] == 12 and opt.t_v["main"]["m"] == 0
+        else:
+            assert float(m_new.abs().max()) == 0 and opt.t_m["main"]["m"] == opt.t_v["main"]["m"] == 0
+            fresh, fd, fk = make_opt({"m": v_new}, r)
+            with torch.no_grad():
+                fd["m"].copy_(deltas["m"])
+                fk["m"].copy_(knobs["m"])
+            fresh = RotatedAdam(fd, fk, {"m": R_new}, lr=1e-2)  # θ = R_newᵀ δS, moments 0, t = 0
+            a = quad_steps(opt, deltas, knobs, {"m": v_new}, probs, "route_batch", 12, 5)
+            b = quad_steps(fresh, fd, fk, {"m": v_new}, probs, "route_batch", 12, 5)
+            assert all(torch.equal(x[0]["m"], y[0]["m"]) and torch.equal(x[1]["m"], y[1]["m"]) for x, y in zip(a, b))
+
+
+def test_rebase_then_resume_is_bit_exact():
+    """A checkpoint taken after a refresh restores into an optimizer built with the checkpoint's rotations (the
+    loop's resume path); one built with the pre-refresh rotations refuses it."""
+    r = 12
+    old, new = {"c": make_vh(r, 3, 1), "d": None}, {"c": make_vh(r, 2, 7), "d": make_vh(r, 1, 8)}
+    opt, deltas, knobs = make_opt(old, r, clip=0.5, wd=0.01)
+    probs = {n: Quadratic(r, i) for i, n in enumerate(old)}
+    quad_steps(opt, deltas, knobs, old, probs, "route_batch", 0, 6)
+    opt.rebase({n: complete_rotation(v) for n, v in new.items()}, {n: v.shape[0] for n, v in new.items()})
+    quad_steps(opt, deltas, knobs, new, probs, "route_batch", 6, 3)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    full = quad_steps(opt, deltas, knobs, new, probs, "route_batch", 9, 5)[-1]
+    buf.seek(0)
+    state = torch.load(buf)
+    stale, _, _ = make_opt(old, r, clip=0.5, wd=0.01)
+    with pytest.raises(ValueError, match="rotations differ"):
+        stale.load_state_dict(state)
+    opt2, d2, k2 = make_opt(new, r, clip=0.5, wd=0.01)  # built from the checkpoint's rotations
+    assert all(torch.equal(state["rotations"][n], opt2.R[n]) for n in new)
+    opt2.load_state_dict(state)
+    resumed = quad_steps(opt2, d2, k2, new, probs, "route_batch", 9, 5)[-1]
+    assert all(torch.equal(full[0][n], resumed[0][n]) and torch.equal(full[1][n], resumed[1][n]) for n in new)
+
+
 # --- the optimizer itself ----------------------------------------------------------------------------------------
 
 
@@ -605,3 +850,7 @@ def test_optimizer_rejects_bad_inputs():
     other, _, _ = make_opt({"m": make_vh(r, 2, seed=5)}, r)
     with pytest.raises(ValueError, match="rotations differ"):
         other.load_state_dict(opt.state_dict())
+    with pytest.raises(ValueError, match="moments"):
+        opt.rebase({}, {}, "keep")
+    with pytest.raises(KeyError, match="unknown"):
+        opt.rebase({"typo": complete_rotation(vh)}, {})

@@ -207,3 +207,16 @@ def test_basis_stage_bad_pairset_exits_with_one_line(tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code != 0 and "known pair sets" in str(res.exception)
     assert not out.exists() and not (tmp_path / "r.md").exists()
+
+
+def test_basis_free_arms_never_read_the_basis():
+    """train_ref (vanilla, gt_only, monitor baselines) tracks no basis param and no basis artifact, so changing
+    basis.pairset (or anything under basis) cannot re-run it; the basis arms' stage does track both."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    ref, arms = stages["train_ref"], stages["train"]
+    assert ref["matrix"]["arm"] == "${arms_ref}" and arms["matrix"]["arm"] == "${arms}"
+    basis_keys = [p for p in ref["params"] if str(p).split(".")[0] in ("basis", "projection")]
+    assert basis_keys == ["projection.monitor_accuracy"]  # the GT-monitor baselines' only projection param
+    assert not [d for d in ref["deps"] if "basis" in d and d.startswith(("artifacts", "data"))]
+    assert "--basis" not in ref["cmd"] and "--pairsets" not in ref["cmd"]
+    assert "basis" in arms["params"] and "artifacts/basis" in arms["deps"] and "--basis artifacts/basis" in arms["cmd"]

@@ -1,6 +1,8 @@
 """The GRPO loop on the tiny model with a fake grader: determinism (same seed → bitwise-equal adapters), I12
-(measure_only ≡ vanilla through the whole loop), the no-cheat invariant (routing never reads ground-truth labels),
-erase/route exactness end to end, the teacher-pool mix, and resume after a killed process ending bit-identical.
+(measure_only ≡ vanilla through the whole loop), the no-cheat invariant (routing never reads ground-truth labels, also
+with a refreshing basis and the activation-space gate), erase/route exactness end to end, the basis refresh (updates
+orthogonal to the *refreshed* Vh, a resume across refreshes bit-identical, the random control matched), the act gate's
+score against an independent pooled projection, the teacher-pool mix, and resume after a killed process.
 
 `pytest tests/test_train.py`
 """
@@ -20,14 +22,15 @@ import torch
 
 from projected_grpo.adapter import adapters, attach_adapters
 from projected_grpo.arms import ARMS, get_arm
-from projected_grpo.basis import build_basis, completion_grads
+from projected_grpo.basis import Basis, act_basis, build_basis, completion_grads, encode, pooled_activations
+from projected_grpo.checkpoint import read_checkpoint
 from projected_grpo.config import Params
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import MODES, apply_mode
-from projected_grpo.pool import PoolRow
+from projected_grpo.pool import PoolRow, pad_ids
 from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from projected_grpo.train import Calibration, train
+from projected_grpo.train import HeldOutPairs, pool_completion, refresh_basis, residual_capture, train
 from tests.conftest import ROOT
 
 ROUTING = [a for a, spec in ARMS.items() if spec.routes]
@@ -66,15 +69,22 @@ def fake_grader(label_salt: str = ""):
     return grade
 
 
-def tiny_params(**grpo) -> Params:
+def tiny_params(projection: dict | None = None, basis: dict | None = None, **grpo) -> Params:
+    """Tiny-run params; the basis section matches the fixture's permissive extraction (a refresh re-runs it)."""
     p = Params()
     return dataclasses.replace(
         p, model=dataclasses.replace(p.model, name="tiny-random"),
         grpo=dataclasses.replace(p.grpo, steps=3, prompts_per_step=2, group_size=4, micro_batch=4, save_every=1,
                                  threads=1, lr=0.05, **grpo),
         rollout=dataclasses.replace(p.rollout, max_new_tokens=12, max_prompt_tokens=4000),
-        projection=dataclasses.replace(p.projection, recal_every=2),
+        projection=dataclasses.replace(p.projection, recal_every=2, token_window=3, **(projection or {})),
+        basis=dataclasses.replace(p.basis, k=2, tau=0.0, alpha_sig=0.99, n_flips=50, drop_bottom_frac=0.0, seed=0,
+                                  **(basis or {})),
     )  # fmt: skip
+
+
+def refreshing(every: int = 2, **projection) -> Params:
+    return tiny_params(projection={"refresh_every": every, **projection})
 
 
 @pytest.fixture(scope="module")
@@ -87,25 +97,43 @@ def world():
     wrongs = [wrong_variants(q.canonical_solution, 0, 1)[0] for q in hold]
     hacks = [fence(named_exploit_styles("run_tests", q.method, "run_tests", w)["pass"]) for q, w in zip(hold, wrongs)]
     cleans = [fence(q.canonical_solution) for q in hold]
+    # extraction pairs (a refresh re-extracts from these): other wrong variants under the same exploit
+    ex_wrongs = [wrong_variants(q.canonical_solution, 1, 1)[0] for q in hold]
+    ex_hacks = [fence(named_exploit_styles("run_tests", q.method, "run_tests", w)["pass"])
+                for q, w in zip(hold, ex_wrongs)]  # fmt: skip
+    ex = HeldOutPairs(crec, ex_hacks, cleans)
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 4)
-    gh, gc = completion_grads(m, tok, crec, hacks, 0.7), completion_grads(m, tok, crec, cleans, 0.7)
+    gh, gc = completion_grads(m, tok, crec, ex_hacks, 0.7), completion_grads(m, tok, crec, cleans, 0.7)
     basis = build_basis(gh, gc, "svd", 2, 0.0, 0.99, 50, 0.0, 0)  # permissive: keep directions on a random model
     rnd = build_basis(gh, gc, "random", 2, 0.0, 0.99, 50, 0.0, 0, like=basis)
     assert basis.vh, "the test basis must keep some directions"
-    return dict(tok=tok, records=records, cal=Calibration(crec, hacks, cleans), basis=basis, random=rnd)
+    layer = Params().basis.act_layer
+    act = act_basis(pooled_activations(m, tok, crec, ex_hacks, layer), pooled_activations(m, tok, crec, cleans, layer),
+                    layer)  # fmt: skip
+    return dict(tok=tok, records=records, cal=HeldOutPairs(crec, hacks, cleans), ex=ex, basis=basis, random=rnd,
+                act=act)  # fmt: skip
 
 
-def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=None, steps_seed: int = 41):
+def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=None, steps_seed: int = 41,
+        model=None):  # fmt: skip
     a = get_arm(arm)
-    m = tiny_model(len(world["tok"]))
-    attach_adapters(m, "all", 4)
+    m = model
+    if m is None:
+        m = tiny_model(len(world["tok"]))
+        attach_adapters(m, "all", 4)
     b = (world["random"] if a.random_dir else world["basis"]) if a.needs_basis else None
     torch.set_num_threads(1)
     train(p or tiny_params(), a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt", tmp / "log.tsv",
           basis=b, cal=world["cal"], pool=pool, signature={"arm": arm}, progress=False,
-          grade_fn=grader or fake_grader())  # fmt: skip
+          grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"])  # fmt: skip
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
+
+
+def log_column(tmp: Path, key: str) -> list[float]:
+    rows = (tmp / "log.tsv").read_text().splitlines()
+    head = rows[0].split("\t")
+    return [float(r.split("\t")[head.index(key)]) for r in rows[1:]]
 
 
 def same(a, b) -> bool:
@@ -126,18 +154,30 @@ def test_I12_measure_only_equals_vanilla_through_the_loop(world, tmp_path):
     assert same(run(world, "vanilla_rotated", tmp_path / "v"), run(world, "measure_only", tmp_path / "m"))
 
 
-@pytest.mark.parametrize("arm", ROUTING)
-def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm):
-    """Same rewards, different ground-truth labels and pass flags: a routing arm's parameters are bitwise equal."""
-    a = run(world, arm, tmp_path / "a", grader=fake_grader("x"))
-    b = run(world, arm, tmp_path / "b", grader=fake_grader("y"))
+NO_CHEAT = [(arm, "") for arm in ROUTING] + [
+    ("route_per_token", "refresh"), ("route_per_rollout_random", "refresh"), ("route_per_rollout", "act+refresh"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("arm,variant", NO_CHEAT)
+def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
+    """Same rewards, different ground-truth labels and pass flags: a routing arm's parameters are bitwise equal,
+    also when the basis is refreshed mid-run (held-out extraction pairs only) and with the activation-space gate."""
+    p = tiny_params(projection={"refresh_every": 2} if "refresh" in variant else None,
+                    basis={"space": "act"} if "act" in variant else None)  # fmt: skip
+    a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
+    b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
     assert same(a, b)
+    if "refresh" in variant:
+        assert log_column(tmp_path / "a", "refresh") == [0.0, 0.0, 1.0]  # the refresh really ran (at step 2)
 
 
-@pytest.mark.parametrize("arm", ["erase_no_gate", "route_batch", "route_per_rollout"])
-def test_edits_exact_end_to_end(world, tmp_path, arm):
-    """After real GRPO steps: erase keeps Vh δS = 0 and no knob; route keeps the knob inside span(Vh)."""
-    res = run(world, arm, tmp_path / "r")
+@pytest.mark.parametrize("arm,variant", [("erase_no_gate", ""), ("route_batch", ""), ("route_per_rollout", ""),
+                                         ("route_per_token", ""), ("route_per_rollout", "act")])  # fmt: skip
+def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
+    """After real GRPO steps: erase keeps Vh δS = 0 and no knob; route (per-token and act-gated included) keeps the
+    knob inside span(Vh), one-sided, and really routes something."""
+    res = run(world, arm, tmp_path / "r", p=tiny_params(basis={"space": "act"} if variant == "act" else None))
     vh = world["basis"].vh
     for n, (d, kn) in res.items():
         if n not in vh:
@@ -151,6 +191,148 @@ def test_edits_exact_end_to_end(world, tmp_path, arm):
             assert float(resid.norm()) <= 1e-5 * max(float(kn.norm()), 1e-12)
             assert (vh[n] @ kn <= 1e-6).all(), "one-sided routing: knob coordinates are ≤ 0 (method.md §6.10)"
     assert any(float(kn.abs().max()) > 0 for _, kn in res.values()) or arm == "erase_no_gate"
+
+
+# --- basis refresh (projection.refresh_every) ---------------------------------------------------------------------
+
+
+def deltas_at(ck: Path, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {n[: -len(".delta")]: v for n, v in load_file(ck / f"step_{step:05d}.safetensors").items()
+            if n.endswith(".delta")}  # fmt: skip
+
+
+@pytest.mark.parametrize("moments", ["rotate", "reset"])
+def test_refresh_erase_updates_orthogonal_to_refreshed_basis(world, tmp_path, moments):
+    """erase_no_gate, refresh at step 2 of 4: each later parameter update has no component along the *refreshed* Vh
+    (Vh_new (δS_{t+1} − δS_t) = 0, method.md §3.6), although the refresh really moved the basis off the one the earlier
+    updates were orthogonal to. The checkpoint after each step carries the basis that step used."""
+    p = refreshing(2, refresh_moments=moments)
+    p = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=4))
+    run(world, "erase_no_gate", tmp_path, p=p)
+    ck = tmp_path / "ckpt"
+    assert log_column(tmp_path, "refresh") == [0.0, 0.0, 1.0, 0.0]
+    assert log_column(tmp_path, "k_total")[0] == sum(v.shape[0] for v in world["basis"].vh.values())
+    d = [deltas_at(ck, t) for t in range(5)]
+    used = [read_checkpoint(ck, t + 1)["basis"]["vh"] for t in range(4)]  # basis in effect during step t
+    assert all(torch.equal(used[t][n], world["basis"].vh[n]) for t in (0, 1) for n in world["basis"].vh)
+    new = used[2]
+    assert used[3].keys() == new.keys() and all(torch.equal(used[3][n], new[n]) for n in new)
+    assert any(n not in world["basis"].vh or new[n].shape != world["basis"].vh[n].shape
+               or not torch.allclose(new[n], world["basis"].vh[n]) for n in new)  # fmt: skip
+    for t in (2, 3):
+        for n, v in new.items():
+            step = d[t + 1][n] - d[t][n]
+            assert float(step.norm()) > 0
+            assert float((v @ step).abs().max()) <= 1e-6 * float(step.norm() + d[t][n].norm()), (t, n)
+    # teeth: the pre-refresh updates are not orthogonal to the refreshed directions
+    before = max(float((v @ (d[2][n] - d[1][n])).abs().max() / (d[2][n] - d[1][n]).norm()) for n, v in new.items())
+    assert before > 1e-3
+
+
+@pytest.mark.parametrize("arm", ["route_per_rollout", "route_per_token_random"])
+def test_resume_across_refreshes_is_bitwise_identical(world, tmp_path, arm):
+    """Refreshes at steps 2 and 4, gate recalibration every 2 steps: a run stopped after 3 steps (between the two
+    refreshes, off the recalibration grid) and continued to 5 in the same directory ends bitwise equal to 5 straight
+    steps, log rows included. Needs the checkpoint to carry the refreshed basis, its rotations and the gate."""
+    p5 = refreshing(2)
+    p5 = dataclasses.replace(p5, grpo=dataclasses.replace(p5.grpo, steps=5))
+    p3 = dataclasses.replace(p5, grpo=dataclasses.replace(p5.grpo, steps=3))
+    full = run(world, arm, tmp_path / "full", p=p5)
+    run(world, arm, tmp_path / "cut", p=p3)
+    resumed = run(world, arm, tmp_path / "cut", p=p5)
+    assert same(full, resumed)
+    rows = [(tmp_path / d / "log.tsv").read_text().splitlines() for d in ("full", "cut")]
+    head = rows[0][0].split("\t")
+    assert rows[1][0].split("\t") == head and len(rows[0]) == len(rows[1]) == 6
+    keep = [i for i, h in enumerate(head) if h != "dt"]
+    for a, b in zip(rows[0][1:], rows[1][1:]):
+        assert [a.split("\t")[i] for i in keep] == [b.split("\t")[i] for i in keep]
+    assert log_column(tmp_path / "full", "refresh") == [0.0, 0.0, 1.0, 0.0, 1.0]
+
+
+def test_refresh_is_the_stage_extraction_and_the_random_control_stays_matched(world):
+    """A refresh equals build_basis on the extraction pairs' gradients at the current parameters; the random
+    control redraws Haar directions with exactly the refreshed basis' modules and k_m, deterministically per
+    (basis seed, step); v_act is re-derived from the same pairs' pooled activations."""
+    tok, ex = world["tok"], world["ex"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():  # away from δS = 0: a refresh happens mid-run
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.2 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    bp = tiny_params().basis
+    real = refresh_basis(m, tok, ex, bp, False, 4, 0.7, bp.act_layer)
+    gh, gc = completion_grads(m, tok, ex.records, ex.hack, 0.7), completion_grads(m, tok, ex.records, ex.clean, 0.7)
+    ref = build_basis(gh, gc, "svd", bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed)
+    assert ref.vh.keys() == real.vh.keys() and all(torch.equal(ref.vh[n], real.vh[n]) for n in ref.vh)
+    assert all(torch.equal(ref.nu[n], real.nu[n]) for n in ref.nu)
+    a_h = pooled_activations(m, tok, ex.records, ex.hack, bp.act_layer)
+    a_c = pooled_activations(m, tok, ex.records, ex.clean, bp.act_layer)
+    assert torch.equal(real.v_act, act_basis(a_h, a_c, bp.act_layer).v_act)
+    rnd, again, later = (refresh_basis(m, tok, ex, bp, True, s, 0.7, None) for s in (4, 4, 6))
+    assert rnd.k == real.k and later.k == real.k  # same modules, same k_m
+    for n, v in rnd.vh.items():
+        torch.testing.assert_close(v @ v.T, torch.eye(v.shape[0]), atol=1e-5, rtol=0)
+        assert torch.equal(v, again.vh[n]) and not torch.allclose(v, later.vh[n])
+        assert not torch.allclose(v.abs(), real.vh[n].abs())
+
+
+def test_refresh_and_gates_need_their_inputs(world, tmp_path):
+    a = get_arm("route_per_token")
+    m = tiny_model(len(world["tok"]))
+    attach_adapters(m, "all", 4)
+    args = (41, m, world["tok"], world["records"], None, tmp_path / "ck", tmp_path / "log.tsv")
+    with pytest.raises(ValueError, match="extraction pairs"):
+        train(refreshing(2), a, *args, basis=world["basis"], cal=world["cal"])
+    with pytest.raises(ValueError, match="calibrates its gate"):
+        train(tiny_params(), a, *args, basis=world["basis"])
+    with pytest.raises(ValueError, match="basis.space=act gates whole rollouts"):
+        train(tiny_params(basis={"space": "act"}), a, *args, basis=world["basis"], cal=world["cal"])
+    wrong = Basis({}, {}, {**world["act"].meta, "act_layer": 0}, world["act"].v_act)
+    with pytest.raises(ValueError, match="act_layer"):
+        train(tiny_params(basis={"space": "act"}), get_arm("route_per_rollout"), *args, basis=world["basis"],
+              cal=world["cal"], act=wrong)  # fmt: skip
+
+
+@pytest.mark.parametrize("field,value", [("refresh_every", -1), ("refresh_moments", "keep"), ("token_window", 0)])
+def test_projection_params_validated(field, value):
+    from projected_grpo.config import ProjectionParams
+
+    with pytest.raises(ValueError, match=f"projection.{field}"):
+        ProjectionParams(**{field: value})
+
+
+# --- activation-space gate (basis.space=act) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layer", [0, 1])  # the tiny model has 2 blocks: 1 is the last (HF: after the final norm)
+def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
+    """The gate score the loop reads from its own loss forward (hook, left-padded prompts, right-padded completions)
+    equals <basis.pooled_activations(...), v_act> computed independently (output_hidden_states, right padding)."""
+    from projected_grpo.logprobs import rollout_logprobs
+
+    tok, cal = world["tok"], world["cal"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.2 * torch.randn(a.dim, generator=torch.Generator().manual_seed(50 + i)))
+    recs, texts = cal.records * 2, cal.hack + cal.clean
+    prompts, comps = encode(tok, recs, texts)
+    Tp = max(len(x) for x in prompts)
+    pi = torch.full((len(prompts), Tp), tok.pad_token_id, dtype=torch.long)
+    pm = torch.zeros_like(pi)
+    for i, x in enumerate(prompts):  # left-padded, as the rollout's prompts
+        pi[i, Tp - len(x) :], pm[i, Tp - len(x) :] = torch.tensor(x), 1
+    ci, cm = pad_ids([tuple(c) for c in comps], tok.pad_token_id)
+    v = torch.randn(m.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), residual_capture(m, layer) as hid:
+        rollout_logprobs(m, pi, pm, ci, cm, 0.7)
+    s_loop = pool_completion(hid["h"], Tp, cm).float() @ v  # (n,)
+    s_ref = pooled_activations(m, tok, recs, texts, layer).float() @ v
+    torch.testing.assert_close(s_loop, s_ref, atol=1e-5, rtol=1e-4)
 
 
 def test_teacher_pool_mix(world, tmp_path):

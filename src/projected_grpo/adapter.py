@@ -52,6 +52,7 @@ class Adapter(nn.Module):
         self.probe: Tensor | None = None  # (N, D) zero leaf while a `probes()` context is open
         self.token_dirs: Tensor | None = None  # (k, D) directions whose per-token coefficients are captured
         self.token_coef: Tensor | None = None  # (N, T, k) per-token coefficients <g_{n,t}, dirs_j>, set in backward
+        self.token_sq: Tensor | None = None  # (N, T) per-token squared norms ‖g_{n,t}‖², set in the same hook
         self._knob_saved: Tensor | None = None  # the trained δS_h while the knob is off
 
     @property
@@ -67,14 +68,17 @@ class Adapter(nn.Module):
     def correction(self, x: Tensor, s: Tensor) -> Tensor:  # (N, T, d_in), (D,) -> (N, T, d_out)
         raise NotImplementedError
 
-    def _capture(self, z: Tensor, coef_fn) -> None:
-        """Register a hook on bottleneck tensor z that stores per-token coefficients (N, T, k) in backward."""
+    def _capture(self, z: Tensor, coef_fn, sq_fn) -> None:
+        """Register a hook on bottleneck tensor z that stores per-token coefficients (N, T, k) and squared norms
+        (N, T) of the per-token δS gradients in backward."""
         if self.token_dirs is None or not z.requires_grad:
             return
 
         def hook(grad: Tensor) -> None:
             c = coef_fn(grad)  # (N, T, k), in z's dtype (fp32, or fp64 in tests)
+            q = sq_fn(grad)  # (N, T); exact for one use of the module per forward (a sum of squares is not additive)
             self.token_coef = c if self.token_coef is None else self.token_coef + c
+            self.token_sq = q if self.token_sq is None else self.token_sq + q
 
         z.register_hook(hook)
 
@@ -97,7 +101,8 @@ class SVDAdapter(Adapter):
         z = a * s  # (N, T, r), fp32 (s is fp32)
         # z = a ⊙ s and ∂L/∂z_t = b_t = Uᵀγ_t, so token t's gradient on δS is a_t ⊙ b_t (eq. 1). Its coefficients
         # <a_t ⊙ b_t, v_j> are reduced inside the hook; no (N, T, r) gradient is kept.
-        self._capture(z, lambda b: torch.einsum("ntr,ntr,kr->ntk", a.to(b.dtype), b, self.token_dirs.to(b.dtype)))
+        self._capture(z, lambda b: torch.einsum("ntr,ntr,kr->ntk", a.to(b.dtype), b, self.token_dirs.to(b.dtype)),
+                      lambda b: (a.to(b.dtype) * b).pow(2).sum(-1))  # fmt: skip
         return z.to(x.dtype) @ self.U.T  # (N, T, d_out)
 
 
@@ -122,7 +127,8 @@ class LoRAAdapter(Adapter):
             out = torch.einsum("ntr,nor->nto", xa, B + self.probe.to(xa.dtype).view(-1, d_out, r))
         # per-token gradient on vec(B) is γ_t (A x_t)ᵀ; its coefficient on direction j is γ_tᵀ V_j (A x_t)
         dirs = None if self.token_dirs is None else self.token_dirs.to(xa.dtype).view(-1, d_out, r)  # (k, d_out, r)
-        self._capture(out, lambda g: torch.einsum("nto,kor,ntr->ntk", g, dirs, xa))
+        self._capture(out, lambda g: torch.einsum("nto,kor,ntr->ntk", g, dirs, xa),
+                      lambda g: g.pow(2).sum(-1) * xa.pow(2).sum(-1))  # ‖γ_t (A x_t)ᵀ‖² = ‖γ_t‖² ‖A x_t‖²
         return out.to(x.dtype)
 
 
@@ -289,13 +295,14 @@ def probes(model: nn.Module, n: int) -> Iterator[dict[str, Tensor]]:
 @contextmanager
 def token_capture(model: nn.Module, dirs: dict[str, Tensor]) -> Iterator[dict[str, Adapter]]:
     """While open, backward stores per-token coefficients `adapter.token_coef` (N, T, k_m) = <g_{m,n,t}, dirs_m[j]>
-    for every module named in `dirs` ((k_m, D_m) each); no (N, T, D) tensor is kept (method.md §3.2)."""
+    and squared norms `adapter.token_sq` (N, T) = ‖g_{m,n,t}‖² for every module named in `dirs` ((k_m, D_m) each);
+    no (N, T, D) tensor is kept (method.md §3.2)."""
     ads = adapters(model)
     unknown = sorted(set(dirs) - set(ads))
     if unknown:
         raise KeyError(f"token_capture: no adapter named {unknown[:3]}")
     for name, d in dirs.items():
-        ads[name].token_dirs, ads[name].token_coef = d, None
+        ads[name].token_dirs, ads[name].token_coef, ads[name].token_sq = d, None, None
     try:
         yield {n: ads[n] for n in dirs}
     finally:

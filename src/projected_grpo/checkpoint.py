@@ -2,7 +2,9 @@
 
 A run directory holds `run.json` (the run's signature) and `step_<n>.safetensors` + `step_<n>.pt` pairs. The `.pt`
 (optimizer state, step) is written last, so a checkpoint counts only once both files exist; a run killed mid-write
-resumes from the previous one. All randomness of step t is derived from (seed, t), so no RNG stream is saved.
+resumes from the previous one. All randomness of step t is derived from (seed, t), so no RNG stream is saved; what
+the loop itself carries from step to step (the current basis after a refresh, the gate thresholds) goes into the
+`.pt` as `extra` so that a resumed run continues bit-identically.
 """
 
 from __future__ import annotations
@@ -40,17 +42,25 @@ def latest_step(out_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def save_checkpoint(out_dir: Path, step: int, model, optimizer) -> None:
+def save_checkpoint(out_dir: Path, step: int, model, optimizer, extra: dict | None = None) -> None:
+    """Adapter + {"step", "optimizer": state_dict, **extra} (extra: loop state such as the current basis)."""
     save_adapter(model, out_dir / f"{_stem(step)}.safetensors", {"step": step})
     tmp = out_dir / f"{_stem(step)}.pt.tmp"
-    torch.save({"step": step, "optimizer": optimizer.state_dict()}, tmp)
+    torch.save({**(extra or {}), "step": step, "optimizer": optimizer.state_dict()}, tmp)
     tmp.replace(out_dir / f"{_stem(step)}.pt")
 
 
-def load_checkpoint(out_dir: Path, step: int, model, optimizer) -> None:
+def read_checkpoint(out_dir: Path, step: int) -> dict:
+    """The `.pt` dict of a checkpoint (read before building the optimizer: it holds the rotations to build it with)."""
+    return torch.load(out_dir / f"{_stem(step)}.pt", weights_only=False)
+
+
+def load_checkpoint(out_dir: Path, step: int, model, optimizer, state: dict | None = None) -> dict:
+    """Load the adapter and the optimizer state (rewriting δS = R θ); returns the `.pt` dict (extras included)."""
     load_adapter(model, out_dir / f"{_stem(step)}.safetensors")
-    state = torch.load(out_dir / f"{_stem(step)}.pt", weights_only=False)
+    state = read_checkpoint(out_dir, step) if state is None else state
     optimizer.load_state_dict(state["optimizer"])
+    return state
 
 
 def checkpoint_steps(out_dir: Path) -> list[int]:

@@ -314,12 +314,25 @@ class ProjectionParams:
     recal_every: int = 10
     # GT-monitor baselines (penalty, screening): probability that the monitor's flag is right.
     monitor_accuracy: float = 1.0
+    # Re-extract v_hack at the current parameters from the held-out extraction pairs every this many steps; 0 = frozen.
+    refresh_every: int = 0
+    # Adam state of modules a refresh re-rotates: reset (both moments; the safe default) or rotate (first moment
+    # re-expressed with its new-span head zeroed, second reset).
+    refresh_moments: str = "reset"
+    # route_per_token: completion tokens in the centred window that per-token scores are averaged over.
+    token_window: int = 16
 
     def __post_init__(self) -> None:
         if self.band not in ("soft", "half"):
             raise ValueError(f"projection.band must be soft or half, got {self.band!r}")
         if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
             raise ValueError("projection: need f, f2 in (0, 1), monitor_accuracy in [0, 1], recal_every >= 1")
+        if self.refresh_every < 0:
+            raise ValueError(f"projection.refresh_every must be >= 0 (0 = frozen basis), got {self.refresh_every}")
+        if self.refresh_moments not in ("rotate", "reset"):
+            raise ValueError(f"projection.refresh_moments must be rotate or reset, got {self.refresh_moments!r}")
+        if self.token_window < 1:
+            raise ValueError(f"projection.token_window must be >= 1 (1 = no smoothing), got {self.token_window}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ after every step (in place, no grad), so the adapter's Parameters stay what the 
 Clipping is per group (main θ, knob φ), never global: the main step of a route run then depends only on g − h, which
 is what makes "knob off" an exact replay of an erase run on the same raw gradients (method.md §3.9a, I11).
 
+A refreshed basis (method.md §3.6, `rebase`) swaps R per module without moving the parameters: θ and φ are
+re-expressed as R_newᵀ δS and R_newᵀ δS_h, and the Adam state of the modules whose R changed is either reset or
+rotated (see `rebase` for why the part of the first moment that would land in the new span(Vh) is dropped). Bias
+correction therefore counts steps per module and moment, so a reset second moment is unbiased from its first step.
+
 `kind="adam_unrotated"` runs plain Adam on δS itself (the edited rotated grads are mapped back with R first). It is
 the known-wrong design, kept only as the regression guard of I10: the erase-orthogonality test must fail with it.
 """
@@ -28,6 +33,7 @@ from projected_grpo.projection import clip_coef, grad_norm
 
 KINDS = ("adam", "sgd", "adam_unrotated")
 GROUPS = ("main", "knob")
+MOMENTS = ("rotate", "reset")  # what `rebase` does with the Adam state of a module whose rotation changed
 
 
 class RotatedAdam:
@@ -71,7 +77,11 @@ class RotatedAdam:
                         for g, cs in self.coords.items()}  # fmt: skip
         self.exp_avg_sq = {g: {n: torch.zeros_like(c) for n, c in cs.items()} if adam else {}
                            for g, cs in self.coords.items()}  # fmt: skip
-        self.t = 0  # steps taken (shared by both groups: Adam's bias correction counts optimizer steps)
+        self.t = 0  # optimizer steps taken
+        # Steps each first / second moment has accumulated, per group and module: Adam's bias correction. Equal to t
+        # until a refresh resets a module's moments (`rebase`), so a run without refreshes is plain Adam bit for bit.
+        self.t_m = {g: dict.fromkeys(self.names, 0) for g in GROUPS}
+        self.t_v = {g: dict.fromkeys(self.names, 0) for g in GROUPS}
 
     @property
     def theta(self) -> dict[str, Tensor]:
@@ -105,6 +115,60 @@ class RotatedAdam:
             return self.R[n] @ x  # back to δS coordinates: plain Adam sees g' = R x
         return x
 
+    # --- a refreshed basis ------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def rebase(self, rotations: dict[str, Tensor], heads: dict[str, int], moments: str = "rotate") -> list[str]:
+        """Swap in new rotations {module: (D, D)} (absent = identity) after a basis refresh; returns the modules whose
+        rotation changed. `heads[m]` = k_m of the new basis (R's first k_m columns are Vh_mᵀ).
+
+        The parameters δS, δS_h do not move: θ ← R_newᵀ δS, φ ← R_newᵀ δS_h (δS = R θ describes the same point).
+        Adam state of a changed module (method.md §3.6), by `moments`:
+          reset:  m = v = 0 in both groups; the module restarts Adam as at step 0.
+          rotate: the main group's first moment is re-expressed, m ← R_newᵀ R_old m, except its first k_m
+                  coordinates (the new span(Vh)), which are zeroed; the knob's first moment and every second moment
+                  are reset. Why zero those: with v reset, a coordinate whose gradient the arm masks to 0 (erase,
+                  one-sided, the knob's tail) would step by m/eps; and carried-over momentum inside the new span would
+                  break "no update in span(Vh)" (I10) from the very first step after the refresh.
+        Reset moments restart their bias correction (per-module step counts), so v̂ is unbiased after a reset."""
+        if moments not in MOMENTS:
+            raise ValueError(f"rebase moments must be one of {MOMENTS}, got {moments!r}")
+        unknown = sorted(set(rotations) - set(self.names))
+        if unknown:
+            raise KeyError(f"rotations for unknown modules {unknown[:3]}")
+        changed = []
+        for n in self.names:
+            old, new = self.R.get(n), rotations.get(n)
+            if new is not None:
+                p = self.params["main"][n]
+                if new.shape != (p.numel(), p.numel()):
+                    raise ValueError(f"{n}: rotation {tuple(new.shape)} does not match δS {tuple(p.shape)}")
+                new = new.detach().to(p.device, p.dtype)
+            if (old is None and new is None) or (old is not None and new is not None and torch.equal(old, new)):
+                continue
+            changed.append(n)
+            if new is None:
+                del self.R[n]
+            else:
+                self.R[n] = new
+            if self.kind == "adam_unrotated":  # coordinates and moments live in δS space: only the grad map changes
+                continue
+            for g in GROUPS:
+                self.coords[g][n] = self._to_coords(n, self.params[g][n].detach())  # (D,) same point, new basis
+                if self.kind == "sgd":
+                    continue
+                m = self.exp_avg[g][n]
+                if moments == "rotate" and g == "main":
+                    m_param = m if old is None else old @ m  # (D,) momentum in δS coordinates
+                    m.copy_(m_param if new is None else new.T @ m_param)
+                    m[: heads.get(n, 0) if new is not None else 0] = 0
+                else:
+                    m.zero_()
+                    self.t_m[g][n] = 0
+                self.exp_avg_sq[g][n].zero_()
+                self.t_v[g][n] = 0
+        return changed
+
     # --- the step ---------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -120,6 +184,10 @@ class RotatedAdam:
             raise KeyError(f"step: main grads missing {missing[:3]}, unknown modules {unknown[:3]}")
         grads = {"main": main_grads, "knob": knob_grads}
         self.t += 1
+        for g in GROUPS:
+            for n in self.names:
+                self.t_m[g][n] += 1
+                self.t_v[g][n] += 1
         metrics = {}
         for group in GROUPS:
             gs = grads[group]
@@ -152,7 +220,7 @@ class RotatedAdam:
         # m = v = 0 exactly, so its update is 0/eps = 0.
         m.mul_(b1).add_(g, alpha=1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        bc1, bc2 = 1 - b1**self.t, 1 - b2**self.t
+        bc1, bc2 = 1 - b1 ** self.t_m[group][n], 1 - b2 ** self.t_v[group][n]  # = 1 − β^t without refreshes
         denom = (v.sqrt() / math.sqrt(bc2)).add_(self.eps)  # √v̂ + eps, as torch.optim.AdamW
         c.addcdiv_(m, denom, value=-lr / bc1)  # descent: c ← c − lr·m̂/(√v̂ + eps)
 
@@ -169,12 +237,14 @@ class RotatedAdam:
             "weight_decay": self.weight_decay, "max_norm": dict(self.max_norm),
             "coords": copy(self.coords), "exp_avg": copy(self.exp_avg), "exp_avg_sq": copy(self.exp_avg_sq),
             "rotations": {n: R.clone() for n, R in self.R.items()},
+            "t_m": {g: dict(ts) for g, ts in self.t_m.items()}, "t_v": {g: dict(ts) for g, ts in self.t_v.items()},
         }  # fmt: skip
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
         """Restore a `state_dict` and rewrite δS = R θ, δS_h = R φ. The rotations must be identical: a refreshed basis
-        needs its moments rotated or reset explicitly (method.md §3.6), never a silent mismatch."""
+        needs its moments rotated or reset explicitly (method.md §3.6, `rebase`), never a silent mismatch; a run that
+        resumes after a refresh builds this optimizer with the checkpoint's rotations."""
         if state["kind"] != self.kind:
             raise ValueError(f"checkpoint optimizer kind {state['kind']!r} != {self.kind!r}")
         if set(state["rotations"]) != set(self.R) or any(
@@ -185,6 +255,9 @@ class RotatedAdam:
             raise KeyError("checkpoint optimizer covers different modules")
         self.t, self.lr, self.betas, self.eps = state["step"], state["lr"], tuple(state["betas"]), state["eps"]
         self.weight_decay, self.max_norm = state["weight_decay"], dict(state["max_norm"])
+        for key in ("t_m", "t_v"):  # per-module bias-correction counts (= step in checkpoints written before refresh)
+            saved = state.get(key, {g: dict.fromkeys(self.names, self.t) for g in GROUPS})
+            setattr(self, key, {g: {n: int(saved[g][n]) for n in self.names} for g in GROUPS})
         for key in ("coords", "exp_avg", "exp_avg_sq"):
             for g, ts in getattr(self, key).items():
                 for n, t in ts.items():

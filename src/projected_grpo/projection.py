@@ -5,6 +5,10 @@ module R = [Vhᵀ | V⊥] (r, r) is orthogonal, δS = R θ, θ.grad = Rᵀ g, an
 α = Vh g, so each arm is a mask on those k coordinates (table in `EDITS`). Sign convention (§1): <g, v_j> > 0 means a
 *descent* step on g promotes hacking, so "hack-promoting" is relu(α).
 
+Per-token routing (§3.5, last paragraphs) scores each completion token by a windowed cosine of its own gradient with
+ν, from per-token reductions captured in backward (<g_{n,t}, ν> and ‖g_{n,t}‖², never an (N, T, r) tensor), and gates
+only completion positions.
+
 Row vectors: a (..., r) gradient g rotates as x = g @ R (= Rᵀ g per row) and back as x @ Rᵀ. method.md's slash names
 (`erase/no_gate`, `route/batch`) are accepted for the registry keys.
 """
@@ -89,12 +93,71 @@ def route_per_rollout(x_n: Tensor, k: int, m: Tensor) -> tuple[Tensor, Tensor]:
 def route_per_token(coef: Tensor, m: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     """(N, T, k) per-token coefficients <g_{n,t}, v_j>, (N, T) gates, (r,) rotated total grad -> (main, knob), (r,).
 
-    Coefficients come from `adapter.token_capture` (no (N, T, r) tensor). Σ_t relu ≥ relu Σ_t: per-token routing
-    moves at least as much as per-rollout routing (I17)."""
+    h = Σ_{n,t} m_{n,t} Vhᵀ relu(Vh g_{n,t}); main = total − h, so main + knob = g whatever the gates (the gates are 0
+    off the completion, `token_gate`, so prompt positions' share of g stays in main). Coefficients come from
+    `adapter.token_capture` (no (N, T, r) tensor). Σ_t relu ≥ relu Σ_t: per-token routing moves at least as much as
+    per-rollout routing (I17)."""
     k = coef.shape[-1]
     knob = torch.zeros_like(total)
     knob[:k] = (m.to(coef.dtype)[..., None] * coef.clamp(min=0)).sum((0, 1)).to(total.dtype)  # (k,) ≥ 0
     return total - knob, knob
+
+
+# --- per-token scores and gates (method.md §3.5, per-token variant) ---------------------------------------------
+
+
+def completion_positions(x: Tensor, n_prompt: int) -> Tensor:
+    """(N, Tp + T, ...) per-position values of a prompt + completion forward -> (N, T, ...) at positions Tp−1..Tp+T−2.
+
+    Position Tp−1+t is the one whose output predicts completion token t, so the result lines up with logp[:, t] and
+    the completion mask. The last position (after the last token) gets no gradient; the rest are prompt positions."""
+    return x[:, n_prompt - 1 : -1]
+
+
+def window_sum(x: Tensor, w: int) -> Tensor:
+    """(N, T) -> (N, T) fp64 sums over the centred window t − ⌊w/2⌋ .. t + w − 1 − ⌊w/2⌋, clipped at the ends."""
+    if w < 1:
+        raise ValueError(f"token window must be >= 1, got {w}")
+    T = x.shape[-1]
+    c = torch.nn.functional.pad(x.double().cumsum(-1), (1, 0))  # (N, T + 1), c[:, j] = Σ_{t<j} x_t
+    t = torch.arange(T, device=x.device)
+    return c[:, (t + w - w // 2).clamp(max=T)] - c[:, (t - w // 2).clamp(min=0)]
+
+
+def token_scores(dot: Tensor, sq: Tensor, mask: Tensor, sign: Tensor, w: int, nu_sq: float = 1.0) -> Tensor:
+    """Windowed per-token cosines s_{n,t} = cos(sign(A_n) g_{n,t}, ν): (N, T) fp64, 0 off the completion.
+
+    dot (N, T) = Σ_m <g_{m,n,t}, ν_m> and sq (N, T) = Σ_m ‖g_{m,n,t}‖² over the kept modules; mask (N, T) marks
+    completion tokens; sign (N,) = sign(A_n) (+1 for calibration NLL gradients). Per-token gradients are noisy, so
+    both are averaged over the window's completion tokens first: s = mean_W <g, ν> / sqrt(mean_W ‖g‖² · ‖ν‖²), which
+    Cauchy–Schwarz keeps in [−1, 1]; w = 1 is the exact per-token cosine."""
+    mk = mask.to(torch.float64)
+    num = window_sum(dot.double() * mk, w)  # Σ_W <g, ν>
+    den = (window_sum(mk, w) * window_sum(sq.double() * mk, w) * nu_sq).sqrt()  # sqrt(|W| Σ_W ‖g‖² ‖ν‖²)
+    s = sign.double()[:, None] * num / den.clamp(min=1e-30)
+    return torch.where(mask.bool(), s, torch.zeros_like(s))
+
+
+def token_gate(s: Tensor, adv: Tensor, mask: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
+    """(N, T) token scores, (N,) advantages, (N, T) completion mask -> (N, T) gates: `band_gate` per token, and 0 on
+    prompt/padding positions and on rows with A_n = 0 (no policy-gradient term)."""
+    m = band_gate(s, adv[:, None].expand_as(s), tau_lo, tau_hi, band)
+    return m * mask.to(m.dtype)
+
+
+def rank_auroc(pos: Tensor, neg: Tensor) -> float:
+    """Mann–Whitney AUROC from ranks (ties averaged): O(n log n), for the many token scores of the per-token gate."""
+    if pos.numel() == 0 or neg.numel() == 0:
+        return math.nan
+    x = torch.cat([pos.reshape(-1), neg.reshape(-1)]).double()
+    sx, order = x.sort()
+    _, inv, counts = torch.unique_consecutive(sx, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    avg = ends - (counts.double() - 1) / 2  # 1-based mean rank of each tie group
+    ranks = torch.empty_like(x)
+    ranks[order] = avg[inv]
+    n_p, n_n = pos.numel(), neg.numel()
+    return float((ranks[:n_p].sum() - n_p * (n_p + 1) / 2) / (n_p * n_n))
 
 
 # --- the gate (method.md §3.5) ------------------------------------------------------------------------------------

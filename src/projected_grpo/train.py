@@ -1,15 +1,27 @@
-"""The GRPO loop (method.md §3.8): rollout → reward → advantage → loss → backward → edit → clip → step → log.
+"""The GRPO loop (method.md §3.8): [refresh] → [calibrate] → rollout → reward → advantage → loss → backward → edit →
+clip → step → log.
 
 One readable function, `train`, drives every arm; the arms differ only in the gradient edit (projection.py, applied
 in rotated coordinates so that erase and route stay exact through Adam, optim.py), the reward, and the basis.
-Everything random in step t is seeded from (seed, t), so a run resumed from a checkpoint replays exactly.
+
+Held-out pairs enter the loop through two doors only, never live-rollout labels or grader output (the no-cheat rule):
+  * calibration pairs set the routing gate's thresholds every `recal_every` steps, with the same score the gate uses:
+    per rollout, cos(sign(A_n) g_n, ν) (or, with basis.space=act, the completion-pooled residual stream after block
+    `act_layer` projected on v_act, read from the loss forward by a hook); per token, the windowed token cosine;
+  * extraction pairs re-extract v_hack at the current parameters every `refresh_every` steps (optional; method.md
+    §6.7): new Vh, ν and rotations R per module, with θ/φ re-expressed and the Adam state rotated or reset (§3.6).
+Everything random in step t is seeded from (seed, t), and what the loop carries from step to step (the current basis,
+the gate thresholds) is checkpointed with the optimizer, so a run resumed from a checkpoint replays bit-identically.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,15 +32,25 @@ from tqdm import tqdm
 from projected_grpo import projection as proj
 from projected_grpo.adapter import adapters, adapters_disabled, probes, token_capture
 from projected_grpo.arms import Arm
-from projected_grpo.basis import Basis, auroc, completion_grads, cosine_scores
-from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_dir, save_checkpoint
+from projected_grpo.basis import (
+    Basis,
+    act_basis,
+    auroc,
+    build_basis,
+    completion_grads,
+    cosine_scores,
+    encode,
+    pooled_activations,
+)  # fmt: skip
+from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_dir, read_checkpoint, save_checkpoint
 from projected_grpo.grader import grade_batch
 from projected_grpo.grpo_loss import group_advantages, grpo_loss
 from projected_grpo.log import StepLog
-from projected_grpo.logprobs import rollout_logprobs
+from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll, rollout_logprobs
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.optim import RotatedAdam
+from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow, draw, pad_ids
 from projected_grpo.rewards import CORRECTNESS_REWARD, gt_only
 from projected_grpo.rollout import Rollout, generate
@@ -37,12 +59,35 @@ GATED = ("route_per_rollout", "route_per_token")  # arms whose gate is calibrate
 
 
 @dataclass
-class Calibration:
-    """Held-out calibration pairs for the per-rollout gate: records and completions of hack and clean sides."""
+class HeldOutPairs:
+    """Held-out contrastive pairs (authored, never training rollouts): prompt records, hack and clean completions."""
 
     records: list
     hack: list[str]
     clean: list[str]
+
+
+
+def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldOutPairs | None, HeldOutPairs | None]:
+    """(calibration, extraction) pairs of `basis.pairset` that `arm` reads, None where it reads none: calibration for
+    gated routing; extraction (restricted to basis.modes, as in the basis stage) when the basis is refreshed."""
+
+    def side(split: str, modes) -> HeldOutPairs:
+        ps = select_pairs(pairs, split, modes)
+        return HeldOutPairs(pair_records(ps, holdout), [q.hack for q in ps], [q.clean for q in ps])
+
+    cal = side("calibrate", None) if arm.edit in GATED else None
+    ex = side("extract", p.basis.modes) if refreshes(p, arm) else None
+    return cal, ex
+
+
+def refreshes(p, arm: Arm) -> bool:
+    return arm.needs_basis and p.projection.refresh_every > 0
+
+
+def act_gated(p, arm: Arm) -> bool:
+    """Per-rollout routing gated in activation space (basis.space=act); the routed amount still uses Vh."""
+    return p.basis.space == "act" and arm.edit == "route_per_rollout"
 
 
 # --- pieces of one step -----------------------------------------------------------------------------------------
@@ -94,16 +139,153 @@ def concat(d: dict[str, Tensor], names: list[str]) -> Tensor:
     return torch.cat([d[n].reshape(-1) for n in names]) if names else torch.zeros(0)
 
 
+# --- the basis: refresh, rotations, per-token directions ---------------------------------------------------------
+
+
+def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
+    """R = [Vhᵀ | V⊥] per module with a basis (θ = Rᵀ δS, first k coordinates = α), in the parameter dtype."""
+    return {n: proj.complete_rotation(v.to(ads[n].delta.dtype)) for n, v in vh.items()}
+
+
+def refresh_basis(model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int, temperature: float,
+                  act_layer: int | None) -> Basis:  # fmt: skip
+    """v_hack re-extracted at the current parameters (knob on, as the policy samples) from the held-out extraction
+    pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
+
+    A `*_random` arm (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
+    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too."""
+    gh = completion_grads(model, tok, ex.records, ex.hack, temperature)  # {m: (P, D_m)}
+    gc = completion_grads(model, tok, ex.records, ex.clean, temperature)
+    model.zero_grad(set_to_none=True)
+
+    def build(method: str, seed: int, like: Basis | None = None) -> Basis:
+        return build_basis(gh, gc, method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, seed,
+                           bp.row_norm, bp.score_norm, bp.solve_m, like)  # fmt: skip
+
+    b = build("svd" if bp.method == "random" else bp.method, bp.seed)
+    if random_dir or bp.method == "random":
+        digest = hashlib.sha256(f"{bp.seed}:refresh:{step}".encode()).digest()
+        b = build("random", int.from_bytes(digest[:7], "big"), like=b)
+    if act_layer is not None:
+        ah = pooled_activations(model, tok, ex.records, ex.hack, act_layer)  # (P, d)
+        b.v_act = act_basis(ah, pooled_activations(model, tok, ex.records, ex.clean, act_layer), act_layer).v_act
+    b.meta.update(refreshed_at=step)
+    return b
+
+
+def token_dirs(cur: Basis, kept: list[str]) -> dict[str, Tensor]:
+    """{m: (k_m + 1, D_m)}: Vh_m's rows, then ν_m, so one captured reduction gives α_{n,t} and <g_{n,t}, ν_m>."""
+    return {n: torch.cat([cur.vh[n], cur.nu[n][None].to(cur.vh[n].dtype)]) for n in kept}
+
+
+def token_sums(caps: dict) -> tuple[Tensor, Tensor]:
+    """(dot, sq), each (b, L): Σ over the captured (kept) modules of <g_{m,n,t}, ν_m> and ‖g_{m,n,t}‖²."""
+    dot = sum(a.token_coef[..., -1].detach() for a in caps.values())
+    sq = sum(a.token_sq.detach() for a in caps.values())
+    return dot, sq
+
+
+def calibration_token_scores(model, tok, records, completions: list[str], temperature: float,
+                             dirs: dict[str, Tensor], window: int, nu_sq: float, batch_size: int = 16
+                             ) -> Tensor:  # fmt: skip
+    """(n_tokens,) windowed token scores of held-out completions over their completion tokens, at the current
+    parameters. The gradient is that of the mean NLL (as the basis stage's), so sign(A) = +1."""
+    prompts, comps = encode(tok, records, completions)
+    out = []
+    for s in range(0, len(prompts), batch_size):
+        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
+        with probes(model, ids.shape[0]) as es, token_capture(model, dirs) as caps:
+            logp, mask = completion_logprobs(model, ids, att, cm, temperature)  # (b, L − 1): position j predicts j+1
+            mean_nll(logp, mask).sum().backward(inputs=list(es.values()))
+        dot, sq = token_sums(caps)  # (b, L); the last position predicts nothing
+        sign = torch.ones(ids.shape[0], device=dot.device)  # NLL gradients: the sign a hack rollout with A > 0 has
+        sc = proj.token_scores(dot[:, :-1], sq[:, :-1], mask, sign, window, nu_sq)
+        out.append(sc[mask.bool()])
+    return torch.cat(out)
+
+
+# --- the activation-space gate (basis.space=act) -----------------------------------------------------------------
+
+
+def residual_module(model, layer: int):
+    """The module whose output is HF's `hidden_states[layer + 1]`: block `layer`, or for the last block the final
+    norm (HF records the last hidden state after it)."""
+    body = model.model
+    n = len(body.layers)
+    if not 0 <= layer < n:
+        raise ValueError(f"basis.act_layer {layer} is outside the model's {n} blocks")
+    return body.norm if layer == n - 1 else body.layers[layer]
+
+
+@contextmanager
+def residual_capture(model, layer: int | None) -> Iterator[dict[str, Tensor]]:
+    """While open, each forward stores the residual stream after block `layer`, detached, (b, L, d), in out["h"]; no
+    extra forward. layer=None: a no-op."""
+    out: dict[str, Tensor] = {}
+    if layer is None:
+        yield out
+        return
+
+    def hook(module, args, o) -> None:
+        out["h"] = (o[0] if isinstance(o, tuple) else o).detach()
+
+    handle = residual_module(model, layer).register_forward_hook(hook)
+    try:
+        yield out
+    finally:
+        handle.remove()
+
+
+def pool_completion(h: Tensor, n_prompt: int, mask: Tensor) -> Tensor:
+    """(b, Tp + T, d) residual stream of a prompt + completion forward, (b, T) completion mask -> (b, d) mean over the
+    completion tokens (the positions where they sit, as `basis.pooled_activations` pools)."""
+    m = mask.to(h.dtype)[..., None]  # (b, T, 1)
+    return (h[:, n_prompt:] * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+# --- the gate's calibration on held-out pairs --------------------------------------------------------------------
+
+
+def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: list[str], pj, temperature: float,
+                   act_layer: int | None) -> tuple[tuple[float, float], float]:  # fmt: skip
+    """((τ_lo, τ_hi), AUROC) from the held-out calibration pairs at the current parameters, with the gate's own score:
+    windowed token cosines (per token), pooled activations · v_act (act space), or per-completion cosines with ν."""
+    if not kept:  # nothing to route: an infinite threshold gates nothing
+        return (math.inf, math.inf), math.nan
+    if edit == "route_per_token":
+        dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
+        sh, sc = (calibration_token_scores(model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq)
+                  for side in (cal.hack, cal.clean))  # fmt: skip
+        auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
+    elif act_layer is not None:
+        sh, sc = (pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float()
+                  for side in (cal.hack, cal.clean))  # fmt: skip
+        auc = auroc(sh, sc)
+    else:
+        gh = completion_grads(model, tok, cal.records, cal.hack, temperature)
+        gc = completion_grads(model, tok, cal.records, cal.clean, temperature)
+        sh, sc = cosine_scores(gh, cur.nu), cosine_scores(gc, cur.nu)
+        auc = auroc(sh, sc)
+    model.zero_grad(set_to_none=True)
+    return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc
+
+
 # --- the loop --------------------------------------------------------------------------------------------------
 
 
 def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: Path, log_path: Path,
-          basis: Basis | None = None, cal: Calibration | None = None, pool: dict | None = None,
-          signature: dict | None = None, progress: bool = True, grade_fn=grade_batch) -> dict[str, float]:  # fmt: skip
+          basis: Basis | None = None, cal: HeldOutPairs | None = None, pool: dict | None = None,
+          signature: dict | None = None, progress: bool = True, grade_fn=grade_batch,
+          extraction: HeldOutPairs | None = None, act: Basis | None = None) -> dict[str, float]:  # fmt: skip
     """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`.
 
-    `basis` is the one this arm uses (the random control's for `*_random` arms); None for basis-free arms.
-    `grade_fn(records, completions, sandbox, timeout_s=...)` returns grades (tests substitute a fake grader)."""
+    Args:
+        basis: the one this arm uses (the random control's for `*_random` arms); None for basis-free arms.
+        cal: held-out calibration pairs (gated routing arms).
+        extraction: held-out extraction pairs of basis.pairset (basis refresh, projection.refresh_every > 0).
+        act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates route_per_rollout.
+        grade_fn: grade_fn(records, completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader).
+    """
     g, r, pj, pl = p.grpo, p.rollout, p.projection, p.pool
     G, B = g.group_size, g.prompts_per_step
     N = G * B
@@ -111,37 +293,74 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
     names = list(ads)
     if arm.needs_basis and basis is None:
         raise ValueError(f"arm {arm.name} needs a basis (run the basis stage)")
-    vh = basis.vh if (basis is not None and arm.needs_basis) else {}
+    if arm.edit in GATED and cal is None:
+        raise ValueError(f"arm {arm.name} calibrates its gate on held-out pairs: pass `cal` (stage: --pairsets)")
+    if refreshes(p, arm) and extraction is None:
+        raise ValueError("projection.refresh_every > 0 re-extracts v_hack: pass the extraction pairs (--pairsets)")
+    if p.basis.space == "act" and arm.edit == "route_per_token":
+        raise ValueError("basis.space=act gates whole rollouts; use route_per_rollout or set basis.space=grad")
+    act_layer = p.basis.act_layer if act_gated(p, arm) else None
+    if act_layer is not None and (act is None or act.meta.get("act_layer") != act_layer):
+        raise ValueError(f"basis.space=act needs v_act extracted at basis.act_layer={act_layer} (act.safetensors from "
+                         "the basis stage; re-run it after changing act_layer)")  # fmt: skip
+    per_token = arm.edit == "route_per_token"
+
+    # The current basis (None for basis-free arms): the stage's, or after a refresh the re-extracted one.
+    cur = None
+    if arm.needs_basis:
+        cur = Basis(vh=basis.vh, nu=basis.nu, meta=basis.meta, v_act=act.v_act if act_layer is not None else None)
+    tau, gate_auroc = (math.inf, math.inf), math.nan  # gate thresholds; set by the first calibration
+    start = prepare_run_dir(out_dir, signature or {})
+    state = read_checkpoint(out_dir, start) if start else None
+    if state is not None:  # resume: continue with the basis and gate the checkpointed step was using
+        if "basis" in state:
+            sb = state["basis"]
+            cur = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
+        if "gate" in state:
+            tau, gate_auroc = tuple(state["gate"]["tau"]), state["gate"]["auroc"]
+    vh = cur.vh if cur is not None else {}
     kept = [n for n in names if n in vh]
-    # rotation per module: R = [Vhᵀ | V⊥] where a basis exists (θ = Rᵀ δS, first k coordinates = α); identity
-    # elsewhere (no edit). Basis-free arms optimise δS in plain coordinates.
-    rot = {n: proj.complete_rotation(vh[n].to(ads[n].delta.dtype)) for n in kept}
     k = {n: vh[n].shape[0] if n in vh else 0 for n in names}
+    # rotation per module: R = [Vhᵀ | V⊥] where a basis exists; identity elsewhere (no edit). Basis-free arms optimise
+    # δS in plain coordinates. A resumed run takes the checkpoint's rotations (a refresh may have changed them).
+    rot = state["optimizer"]["rotations"] if state is not None else rotations({n: vh[n] for n in kept}, ads)
     opt = RotatedAdam({n: a.delta for n, a in ads.items()}, {n: a.knob for n, a in ads.items()}, rot, lr=g.lr,
                       betas=tuple(g.betas), eps=g.eps, weight_decay=g.weight_decay, max_norm_main=g.max_norm,
                       max_norm_knob=g.max_norm_knob, kind=g.optimizer)  # fmt: skip
-    start = prepare_run_dir(out_dir, signature or {})
-    if start:
-        load_checkpoint(out_dir, start, model, opt)
+
+    def loop_state() -> dict:  # what a checkpoint needs beyond adapter + optimizer for a bit-identical resume
+        out = {"gate": {"tau": tau, "auroc": gate_auroc}}
+        if cur is not None:
+            out["basis"] = {"vh": cur.vh, "nu": cur.nu, "meta": cur.meta, "v_act": cur.v_act}
+        return out
+
+    if state is not None:
+        load_checkpoint(out_dir, start, model, opt, state)
     else:
-        save_checkpoint(out_dir, 0, model, opt)  # update 0 = the base policy (evaluation's first point)
+        save_checkpoint(out_dir, 0, model, opt, loop_state())  # update 0 = the base policy (evaluation's first point)
     log = StepLog(log_path, resume_step=start)
-    nu = basis.nu if basis is not None else {}
-    tau = (math.inf, math.inf)  # gate thresholds; set by the first calibration
-    gate_auroc = math.nan
     pbar = tqdm(range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}",
                 disable=not progress)  # fmt: skip
     for step in pbar:
         t0 = time.perf_counter()
         rng = random.Random(f"{seed}:{step}")
-        # ---- gate calibration on held-out pairs (per-rollout / per-token routing), every recal_every steps ------
-        if arm.edit in GATED and (step % pj.recal_every == 0 or math.isinf(tau[0])):
-            gh = completion_grads(model, tok, cal.records, cal.hack, r.temperature)
-            gc = completion_grads(model, tok, cal.records, cal.clean, r.temperature)
-            sh, sc = cosine_scores(gh, nu), cosine_scores(gc, nu)
-            tau = proj.calibrate_band(sh, sc, pj.f, pj.f2)
-            gate_auroc = auroc(sh, sc)
-            model.zero_grad(set_to_none=True)
+        # ---- refresh v_hack at the current parameters from the held-out extraction pairs (method.md §6.7) --------
+        # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
+        # re-rotated modules is rotated or reset (§3.6, optim.RotatedAdam.rebase). Modules that leave the kept set
+        # get R = I (no edit from now on); modules that join get their R. No RNG of the step is consumed.
+        refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
+        if refreshed:
+            cur = refresh_basis(model, tok, extraction, p.basis, arm.random_dir, step, r.temperature, act_layer)
+            vh = cur.vh
+            kept = [n for n in names if n in vh]
+            k = {n: vh[n].shape[0] if n in vh else 0 for n in names}
+            opt.rebase(rotations({n: vh[n] for n in kept}, ads), k, pj.refresh_moments)
+        rot = opt.R  # {m: (D_m, D_m)} the rotations in use (the same values the edit and the update run in)
+        nu = {n: cur.nu[n] for n in kept} if cur is not None else {}
+
+        # ---- gate calibration on held-out pairs (gated routing), every recal_every steps and after a refresh ------
+        if arm.edit in GATED and (step % pj.recal_every == 0 or refreshed or math.isinf(tau[0])):
+            tau, gate_auroc = calibrate_gate(model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer)
 
         # ---- rollout: B prompts × G completions with the training policy (knob on) ------------------------------
         recs = rng.sample(records, B)
@@ -155,11 +374,16 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward, micro-batch by micro-batch; probes give each row's exact δS gradient ------------
+        # Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t}, <g_{n,t}, ν> and
+        # ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the residual
+        # stream after block act_layer from this same forward (a hook), pooled over each completion.
         model.zero_grad(set_to_none=True)
         per_sample: dict[str, list[Tensor]] = {n: [] for n in names}
-        token_coef: dict[str, list[Tensor]] = {n: [] for n in kept}
+        tok_alpha: dict[str, list[Tensor]] = {n: [] for n in kept}  # (b, T, k_m) per micro-batch
+        tok_dot, tok_sq, pooled = [], [], []  # (b, T), (b, T), (b, d) per micro-batch
         stats = {"clip_frac": 0.0, "kl": 0.0}
         l_max = r.max_new_tokens
+        dirs = token_dirs(cur, kept) if per_token else {}
         for s in range(0, N, g.micro_batch):
             sl = slice(s, min(N, s + g.micro_batch))
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
@@ -167,8 +391,8 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
                 with torch.no_grad(), adapters_disabled(model):
                     ref = rollout_logprobs(model, pi, pm, ci, cm, r.temperature)
-            dirs = {n: vh[n] for n in kept} if arm.edit == "route_per_token" else {}
-            with probes(model, pi.shape[0]) as es, token_capture(model, dirs) as caps:
+            with probes(model, pi.shape[0]) as es, token_capture(model, dirs) as caps, \
+                    residual_capture(model, act_layer) as hid:  # fmt: skip
                 logp = rollout_logprobs(model, pi, pm, ci, cm, r.temperature)  # (b, T)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
                 loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high, g.beta,
@@ -176,19 +400,36 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                 loss.backward()
             for n, e in es.items():
                 per_sample[n].append(e.grad.detach())
-            for n, a in caps.items():
-                token_coef[n].append(a.token_coef.detach())
+            Tp = pi.shape[1]
+            if per_token and caps:  # keep completion positions only (Tp−1+t predicts token t; prompt gates are 0)
+                for n, a in caps.items():
+                    tok_alpha[n].append(proj.completion_positions(a.token_coef[..., :-1].detach(), Tp).clone())
+                dot, sq = token_sums(caps)
+                tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
+            if act_layer is not None:
+                pooled.append(pool_completion(hid["h"], Tp, cm))
             w = pi.shape[0] / N
             stats = {key: stats[key] + w * m[key] for key in stats}
         gs = {n: torch.cat(per_sample[n]) for n in names}  # (N, D_m) per-rollout gradients, Σ_n = δS.grad
         graw = {n: ads[n].delta.grad.detach().clone() for n in names}  # (D_m,) raw g (δS_h.grad is the same)
 
+        # ---- gates from held-out calibration only (never labels or grades: no-cheat) ------------------------------
+        m_gate = torch.zeros(N)  # (N,) per-rollout gates
+        m_tok = torch.zeros(ro.mask.shape)  # (N, T) per-token gates, 0 off the completion
+        if arm.edit == "route_per_rollout" and kept:
+            if act_layer is not None:  # s_n = <pooled residual of rollout n, v_act>
+                scores = torch.cat(pooled).float() @ cur.v_act.float()
+            else:  # s_n = cos(sign(A_n) g_n, ν)
+                scores = proj.rollout_scores({n: gs[n] for n in kept}, adv, nu)
+            m_gate = proj.band_gate(scores, adv, tau[0], tau[1], pj.band)
+        elif per_token and kept:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
+            nu_sq = sum(float(v.pow(2).sum()) for v in nu.values())
+            s_tok = proj.token_scores(torch.cat(tok_dot), torch.cat(tok_sq), ro.mask, torch.sign(adv),
+                                      pj.token_window, nu_sq)  # fmt: skip
+            m_tok = proj.token_gate(s_tok, adv, ro.mask, tau[0], tau[1], pj.band)
+
         # ---- edit: rotated coordinates θ = Rᵀ δS; every arm is a coordinate mask there (method.md §3.6) ---------
         main, knob = {}, {}
-        m_gate = torch.zeros(N)
-        if arm.edit in GATED:
-            scores = proj.rollout_scores({n: gs[n] for n in kept}, adv, {n: nu[n] for n in kept})
-            m_gate = proj.band_gate(scores, adv, tau[0], tau[1], pj.band)  # (N,) gates; never labels (no-cheat)
         xr = opt.rotate(graw)  # {m: (D_m,)} rotated raw gradients (identity where no basis)
         for n in names:
             x = xr[n]
@@ -196,29 +437,32 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                 main[n], knob[n] = x, torch.zeros_like(x)
             elif arm.edit == "route_per_rollout":
                 main[n], knob[n] = proj.route_per_rollout(opt.rotate({n: gs[n]})[n], k[n], m_gate)
-            elif arm.edit == "route_per_token":
-                coef = torch.cat(token_coef[n])  # (N, L, k) per-position coefficients (prompt positions included)
-                tok_gate = m_gate[:, None].expand(-1, coef.shape[1])  # per-rollout gate, per-token amounts
-                main[n], knob[n] = proj.route_per_token(coef, tok_gate, x)
+            elif per_token:  # h = Σ_{n,t} m_{n,t} Vhᵀ relu(α_{n,t}) over completion tokens
+                main[n], knob[n] = proj.route_per_token(torch.cat(tok_alpha[n]), m_tok, x)
             else:
                 main[n], knob[n] = proj.edit_coords(x, k[n], arm.edit)
 
         # ---- diagnostics (pure reads; no RNG, no numerics touched: measure_only ≡ vanilla) ---------------------
         g_cat = concat(graw, names)
         diag = {}
+        if cur is not None:
+            diag = {"refresh": float(refreshed), "k_total": sum(k.values())}
         if kept:
             g_in = concat({n: graw[n] for n in kept}, kept)
-            nu_cat = concat({n: nu[n] for n in kept}, kept)
+            nu_cat = concat(nu, kept)
             ed = concat({n: rot[n] @ main[n] for n in kept}, kept)  # edited gradient, back in δS coordinates
             h = concat({n: rot[n] @ knob[n] for n in kept}, kept)  # routed part
-            diag = {
+            gate_frac = float((m_gate > 0).float().mean())
+            if per_token:  # fraction of completion tokens routed at all
+                gate_frac = float((m_tok > 0).sum() / ro.mask.sum().clamp(min=1))
+            diag |= {
                 "cos_before": float(g_in @ nu_cat / g_in.norm().clamp(min=1e-30)),
                 "cos_after": float(ed @ nu_cat / ed.norm().clamp(min=1e-30)),
                 "proj_frac": float(sum(float((vh[n] @ graw[n]).pow(2).sum()) for n in kept) / max(
                     float(g_in.pow(2).sum()), 1e-30)),
                 "routed": float(h.norm() / g_cat.norm().clamp(min=1e-30)),
                 "removed": float((g_in - ed - h).norm() / g_cat.norm().clamp(min=1e-30)),
-                "gate_frac": float((m_gate > 0).float().mean()),
+                "gate_frac": gate_frac,
                 "gate_auroc": gate_auroc,
             }  # fmt: skip
 
@@ -249,7 +493,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         if progress:
             pbar.set_postfix_str(line.split("| ", 1)[-1])
         if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
-            save_checkpoint(out_dir, step + 1, model, opt)
+            save_checkpoint(out_dir, step + 1, model, opt, loop_state())
     return {"steps": latest_step(out_dir) or 0}
 
 
@@ -260,7 +504,6 @@ def _rate(xs: list[bool]) -> float:
 def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
     """What a checkpoint directory must match to be resumed: the params the run reads and the basis it used."""
     import dataclasses
-    import hashlib
 
     sections = ("seed", "substrate", "model", "adapter", "rollout", "grpo", "pool", "projection", "grader")
     sig = {s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
@@ -270,6 +513,8 @@ def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
         f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
         sig["basis_sha"] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
         sig["basis_params"] = dataclasses.asdict(p.basis)
+        if act_gated(p, arm):
+            sig["act_sha"] = hashlib.sha256((basis_dir / "act.safetensors").read_bytes()).hexdigest()[:16]
     return json_safe(sig)
 
 
