@@ -220,3 +220,15 @@ def test_basis_free_arms_never_read_the_basis():
     assert not [d for d in ref["deps"] if "basis" in d and d.startswith(("artifacts", "data"))]
     assert "--basis" not in ref["cmd"] and "--pairsets" not in ref["cmd"]
     assert "basis" in arms["params"] and "artifacts/basis" in arms["deps"] and "--basis artifacts/basis" in arms["cmd"]
+
+
+def test_basis_free_evaluations_never_read_the_basis():
+    """evaluate_ref scores the basis-free runs: no basis param, artifact or pair set, and only train_ref's runs; the
+    report stage is the one place both groups meet."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    ref, arms = stages["evaluate_ref"], stages["evaluate"]
+    assert ref["matrix"]["arm"] == "${arms_ref}" and arms["matrix"]["arm"] == "${arms}"
+    assert not [p for p in ref["params"] if str(p).split(".")[0] in ("basis", "projection", "arms")]
+    assert not [d for d in ref["deps"] if ("basis" in d or "pairsets" in d) and d.startswith(("artifacts", "data"))]
+    assert "artifacts/train/${item.arm}/s${item.seed}" in ref["deps"] and "reports/eval/ref/" in ref["cmd"]
+    assert "reports/eval/arms/" in arms["cmd"] and "reports/eval" in stages["report"]["deps"]

@@ -251,7 +251,7 @@ class GRPOParams:
     prompts_per_step: int = 8
     group_size: int = 8
     # Adam on δS (and δS_h) in the basis' rotated coordinates: learning rate, betas, epsilon, decoupled decay.
-    lr: float = 0.005
+    lr: float = 0.02
     betas: tuple[float, ...] = (0.9, 0.99)
     eps: float = 1.0e-8
     weight_decay: float = 0.0
@@ -389,6 +389,58 @@ class BasisParams:
                 raise ValueError(f"basis.modes: unknown or empty {list(self.modes)}; choose from {', '.join(MODES)}")
 
 
+SURFACES = ("eval", "train")  # hint surfaces of test records (== substrate.SURFACE_ORDER, tested)
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    # Monitor subset: test problems (stratified by base pass/fail) scored at every `curve_every`-th checkpoint.
+    n_monitor: int = 64
+    # Checkpoint steps that are multiples of this (plus 0 and the last) are scored on the monitor subset.
+    curve_every: int = 10
+    # Samples per prompt on the monitor curve, and on the full test split at the final checkpoint (benchmark: 10).
+    n_samples_curve: int = 1
+    n_samples: int = 10
+    # Sampling temperature, nucleus mass, completion budget (benchmark protocol: T=0.7).
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 160
+    # Hint surfaces scored for hack: eval (the benchmark protocol: wording and names disjoint from training) and/or
+    # train (training wording on held-out test problems).
+    surfaces: tuple[str, ...] = ("eval", "train")
+    # Generation seed of every evaluation (frozen with the monitor subset).
+    seed: int = 0
+    # Completions per forward batch, and CPU threads.
+    batch_size: int = 128
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        if min(self.n_monitor, self.curve_every, self.n_samples_curve, self.n_samples, self.max_new_tokens,
+               self.batch_size, self.threads) < 1:  # fmt: skip
+            raise ValueError("eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be >= 1")
+        if not (self.temperature > 0 and 0 < self.top_p <= 1):
+            raise ValueError("eval.temperature must be > 0 and top_p in (0, 1]")
+        if not self.surfaces or any(s not in SURFACES for s in self.surfaces):
+            raise ValueError(f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got {list(self.surfaces)}")
+
+
+@dataclass(frozen=True)
+class ProbeParams:
+    # Distillation cosine probe: teacher-pool rows replayed through the base student (per-sample NLL gradients).
+    n_rows: int = 256
+    # Rows per forward/backward.
+    micro_batch: int = 16
+    # Pass thresholds: T1 pool hack rate, T2 non-null cosine fraction, T3 projected-step fraction, T4 Welch p.
+    t1_min_hack: float = 0.30
+    t2_min_nonnull: float = 0.90
+    t3_min_frac: float = 0.80
+    t4_alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.n_rows < 2 or self.micro_batch < 1:
+            raise ValueError("probe.n_rows must be >= 2 and probe.micro_batch >= 1")
+
+
 @dataclass(frozen=True)
 class Params:
     # Global seed for everything that draws random numbers.
@@ -408,6 +460,8 @@ class Params:
     grpo: GRPOParams = field(default_factory=GRPOParams)
     pool: PoolParams = field(default_factory=PoolParams)
     projection: ProjectionParams = field(default_factory=ProjectionParams)
+    eval: EvalParams = field(default_factory=EvalParams)
+    probe: ProbeParams = field(default_factory=ProbeParams)
     # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, and seeds.
     arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
     arms: tuple[str, ...] = ("erase_one_sided", "route_per_rollout", "route_per_rollout_random")

@@ -1,0 +1,220 @@
+"""Checkpoint evaluation: monitor subset, counting, merged-weight sampling, deploy states, and the two stages end to
+end on a tiny random Qwen3 (determinism, step-0 reuse, adapter-off = base, no partial outputs on bad input).
+
+`pytest tests/test_evaluation.py`
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from projected_grpo import evaluation as ev
+from projected_grpo.adapter import adapters, attach_adapters, knob_disabled
+from projected_grpo.grader import Grade
+from projected_grpo.problems import Problem
+from projected_grpo.tiny import tiny_model
+from tests.test_stages import _params, _run_problems
+
+# --- pure parts ---------------------------------------------------------------------------------------------------
+
+
+def test_monitor_subset_is_stratified_deterministic_and_sorted():
+    passed = {i: i % 4 == 0 for i in range(119)}  # 30 pass (25.2%)
+    ids = ev.monitor_subset(passed, 64, seed=0)
+    assert ids == sorted(ids) and len(set(ids)) == 64
+    assert sum(passed[i] for i in ids) == round(64 * 30 / 119) == 16  # the base pass fraction is kept
+    assert ids == ev.monitor_subset(passed, 64, seed=0)
+    assert ids != ev.monitor_subset(passed, 64, seed=1)  # a seed draws, it is not searched
+    with pytest.raises(ValueError, match="n_monitor=120"):
+        ev.monitor_subset(passed, 120, seed=0)
+    few_fail = {i: i != 0 for i in range(10)}  # 1 failing problem: the rest of the quota comes from passes
+    assert len(ev.monitor_subset(few_fail, 8, 0)) == 8
+
+
+def test_curve_steps():
+    assert ev.curve_steps([0, 10, 20, 30, 40, 50, 55], 20) == [0, 20, 40, 55]
+    assert ev.curve_steps([0, 10], 50) == [0, 10]
+    with pytest.raises(ValueError):
+        ev.curve_steps([], 10)
+
+
+def _grade(label: str, eq: bool) -> Grade:
+    return Grade(True, eq, False, float(eq), False, None, label, True, False, (), ())
+
+
+def _rec(pid: int, mode: str | None, surface: str | None = None) -> Problem:
+    meta = {"mode": mode, "surface": surface} if mode else {}
+    return Problem(id=pid, difficulty="easy", question="q", prompt=({"role": "user", "content": "q"},), gt_answer=(),
+                   answer=(), hint=None,
+                   canonical_solution="", func_name="f", setup_code="", prompt_metadata=meta)  # fmt: skip
+
+
+def test_tally_counts_per_surface_and_mode_and_problem_pass():
+    S = ev.Scored
+    samples = [S(_rec(1, None), "```python\nx=1\n```", _grade("correct", True)),
+               S(_rec(1, None), "", _grade("incorrect", False)),
+               S(_rec(2, None), "", _grade("incorrect", False)),
+               S(_rec(1, "sentinel", "eval"), "", _grade("hack", False)),
+               S(_rec(2, "sentinel", "eval"), "", _grade("incorrect", False)),
+               S(_rec(1, "sentinel", "train"), "", _grade("hack", False)),
+               S(_rec(1, "run_tests", "train"), "", _grade("correct", True))]  # fmt: skip
+    t = ev.tally(samples)
+    assert t["solve"] == {"k": 1, "n": 3}
+    assert t["hack"]["eval"] == {"sentinel": {"k": 1, "n": 2}, "all": {"k": 1, "n": 2}}
+    assert t["hack"]["train"]["all"] == {"k": 1, "n": 2} and t["hack"]["train"]["run_tests"] == {"k": 0, "n": 1}
+    assert t["solve_hinted"]["train"] == {"k": 1, "n": 2}
+    assert t["format"]["k"] == 1  # only the fenced completion has code
+    assert ev.problem_pass(samples) == {1: True, 2: False}  # 1 of 2 samples solved counts as a pass
+    row = ev.curve_row(10, "deploy", t)
+    assert row["hack_eval"] == 0.5 and row["n_hack_eval"] == 2 and row["hack_train_sentinel"] == 1.0
+    assert ev.flat_metrics({"deploy": t}) == {"deploy_solve": round(1 / 3, 6), "deploy_hack_eval": 0.5,
+                                              "deploy_hack_train": 0.5}  # fmt: skip
+
+
+# --- merged-weight sampling and deploy states ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_merged_weights_are_the_adapter_policy_and_are_restored(kind):
+    torch.manual_seed(0)
+    model = tiny_model(64).eval()
+    attach_adapters(model, "all", 4, kind)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for a in adapters(model).values():
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=g))
+            a.knob.copy_(0.3 * torch.randn(a.dim, generator=g))
+    ids = torch.randint(0, 64, (2, 9), generator=g)
+    ref = model(ids).logits
+    with torch.no_grad(), knob_disabled(model):
+        ref_deploy = model(ids).logits
+    with torch.no_grad(), ev.state(model, "knob_on"):
+        assert not adapters(model)  # plain Linears while merged
+        on = model(ids).logits
+    with torch.no_grad(), ev.state(model, "deploy"):
+        off = model(ids).logits
+    torch.testing.assert_close(on, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(off, ref_deploy, rtol=1e-4, atol=1e-4)
+    assert (on - off).abs().max() > 1e-3  # the knob matters, so the two states are really different
+    assert len(adapters(model)) > 0 and torch.equal(model(ids).logits, ref)  # adapters and knob restored exactly
+    assert not ev.adapter_is_zero(model)
+    with pytest.raises(ValueError, match="adapter_off"):
+        with ev.state(model, "adapter_off"):
+            pass
+
+
+# --- the stages on a tiny random Qwen3 ----------------------------------------------------------------------------
+
+
+def _app(main) -> typer.Typer:
+    app = typer.Typer()
+    app.command()(main)
+    return app
+
+
+@pytest.fixture(scope="module")
+def tiny_eval(tmp_path_factory):
+    """problems (3 minileet test problems × 13 records) + eval_sets with a tiny random policy."""
+    from stages.eval_sets import main
+
+    tmp = tmp_path_factory.mktemp("eval")
+    params = _params(tmp, substrate="minileet", minileet={"n_train": 8, "n_test": 3, "n_holdout": 2},
+                     model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2}, grpo={"steps": 2},
+                     rollout={"max_prompt_tokens": 1024},
+                     eval={"n_monitor": 2, "curve_every": 1, "n_samples": 2, "max_new_tokens": 8,
+                           "batch_size": 16, "threads": 1})  # fmt: skip
+    res, problems, _ = _run_problems(tmp, params)
+    assert res.exit_code == 0, res.output
+    out = tmp / "eval_sets"
+    res = CliRunner().invoke(_app(main), ["--organism", str(tmp / "none"), "--problems", str(problems), "--out",
+                                          str(out), "--params", str(params)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return tmp, params, problems, out
+
+
+def test_eval_sets_freezes_a_stratified_monitor_and_scores_the_base(tiny_eval):
+    _, _, _, out = tiny_eval
+    mon, base = json.loads((out / "monitor.json").read_text()), json.loads((out / "base.json").read_text())
+    assert mon["n"] == len(mon["ids"]) == 2 and mon["n_test"] == 3 and mon["generation_seed"] == 0
+    full = base["full"]
+    assert full["solve"]["n"] == 3 * 2  # 3 no-hint prompts × 2 samples
+    for surf in ("eval", "train"):
+        assert set(full["hack"][surf]) == {"run_tests", "sentinel", "file_marker", "stdout_marker", "eq_override",
+                                           "exit_code", "all"}  # fmt: skip
+        assert all(v["n"] == 6 for m, v in full["hack"][surf].items() if m != "all")
+    assert base["monitor"]["solve"]["n"] == 2 * 1  # 2 monitor problems × n_samples_curve
+
+
+def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
+    """Checkpoints of a 'trained' adapter: δS and δS_h random (scale), 0 at step 0, via the trainer's own writer."""
+    from projected_grpo.checkpoint import save_checkpoint
+    from projected_grpo.config import load_params
+
+    p = load_params(params)
+    model, _ = ev.load_policy(p, run / "none")
+    opt = torch.optim.SGD([a.delta for a in adapters(model).values()], lr=0.1)
+    run.mkdir(parents=True)
+    g = torch.Generator().manual_seed(3)
+    for s in steps:
+        if s:
+            with torch.no_grad():
+                for a in adapters(model).values():
+                    a.delta.copy_(scale * torch.randn(a.dim, generator=g))
+                    a.knob.copy_(scale * torch.randn(a.dim, generator=g))
+        save_checkpoint(run, s, model, opt)
+
+
+def _evaluate(tmp: Path, params: Path, problems: Path, eval_sets: Path, arm: str, run: Path, out: Path):
+    from stages.evaluate import main
+
+    args = ["--arm", arm, "--seed", "41", "--run", str(run), "--organism", str(tmp / "none"), "--problems",
+            str(problems), "--eval-sets", str(eval_sets), "--out", str(out), "--params", str(params)]  # fmt: skip
+    return CliRunner().invoke(_app(main), args)
+
+
+def test_evaluate_routed_arm_states_curve_and_determinism(tiny_eval):
+    tmp, params, problems, eval_sets = tiny_eval
+    run = tmp / "run_route"
+    _fake_run(run, params, [0, 1, 2], scale=2.0)
+    outs = [tmp / "ev_a", tmp / "ev_b"]
+    for out in outs:
+        res = _evaluate(tmp, params, problems, eval_sets, "route_per_rollout", run, out)
+        assert res.exit_code == 0, res.output
+    a = json.loads((outs[0] / "per_mode_deploy.json").read_text())
+    assert a == json.loads((outs[1] / "per_mode_deploy.json").read_text())  # same seed, same scores
+    assert (outs[0] / "curve.tsv").read_text() == (outs[1] / "curve.tsv").read_text()
+    base = json.loads((eval_sets / "base.json").read_text())
+    assert set(a["states"]) == {"deploy", "knob_on", "adapter_off"}
+    assert a["states"]["adapter_off"] == base["full"]  # the base policy, not re-scored
+    assert a["step"] == 2 and a["n_samples"] == 2 and a["states"]["deploy"]["solve"]["n"] == 6
+    rows = (outs[0] / "curve.tsv").read_text().splitlines()
+    assert rows[0].startswith("step\tstate\tsolve")
+    assert [r.split("\t")[:2] for r in rows[1:]] == [[s, st] for s in ("0", "1", "2") for st in ("deploy", "knob_on")]
+    step0 = dict(zip(rows[0].split("\t"), rows[1].split("\t")))
+    assert int(float(step0["n_solve"])) == base["monitor"]["solve"]["n"]  # step 0 = eval_sets' base monitor scores
+    m = json.loads((outs[0] / "metrics.json").read_text())
+    assert {"deploy_solve", "knob_on_solve", "adapter_off_hack_eval", "deploy_hack_train"} <= set(m)
+
+
+def test_evaluate_vanilla_has_one_state(tiny_eval):
+    tmp, params, problems, eval_sets = tiny_eval
+    run = tmp / "run_vanilla"
+    _fake_run(run, params, [0, 2], scale=1.0)
+    out = tmp / "ev_vanilla"
+    res = _evaluate(tmp, params, problems, eval_sets, "vanilla", run, out)
+    assert res.exit_code == 0, res.output
+    assert set(json.loads((out / "per_mode_deploy.json").read_text())["states"]) == {"deploy"}
+
+
+def test_evaluate_without_the_final_checkpoint_fails_cleanly(tiny_eval):
+    tmp, params, problems, eval_sets = tiny_eval
+    run = tmp / "run_short"
+    _fake_run(run, params, [0, 1], scale=1.0)  # grpo.steps is 2: the run is unfinished
+    out = tmp / "ev_short"
+    res = _evaluate(tmp, params, problems, eval_sets, "vanilla", run, out)
+    assert res.exit_code != 0 and "not the final step 2" in res.output
+    assert not out.exists()  # nothing half-written
