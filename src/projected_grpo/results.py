@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from projected_grpo.evaluation import rate
 from projected_grpo.modes import LOOPHOLE_MODES
 from projected_grpo.stats import Refusal, Summary, paired_delta, summarize, wilson
 
@@ -53,10 +54,6 @@ def read_curve(path: Path) -> list[dict]:
     lines = path.read_text().splitlines()
     keys = lines[0].split("\t")
     return [{k: (v if k == "state" else float(v)) for k, v in zip(keys, ln.split("\t"))} for ln in lines[1:]]
-
-
-def rate(c: dict) -> float:
-    return c["k"] / c["n"] if c["n"] else float("nan")
 
 
 def value(t: dict, metric: str, mode: str = "all") -> float:
