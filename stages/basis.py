@@ -14,6 +14,7 @@ import typer
 
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.basis_eval import extract_all, metrics, render_report
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
@@ -55,4 +56,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out', 'report', 'metrics_out', 'svd_cache'))

@@ -13,6 +13,7 @@ import torch
 import typer
 
 from projected_grpo import atomic
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.evaluation import load_policy, merged, monitor_subset, problem_pass, score, select_records, tally
 from projected_grpo.problems import load_problems_parquet
@@ -49,4 +50,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out',))

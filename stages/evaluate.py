@@ -19,6 +19,7 @@ from projected_grpo import evaluation as ev
 from projected_grpo.adapter import load_adapter
 from projected_grpo.arms import get_arm
 from projected_grpo.checkpoint import adapter_path, checkpoint_steps
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
@@ -39,7 +40,7 @@ def main(
     torch.set_num_threads(e.threads)
     steps = checkpoint_steps(run)
     if not steps or steps[-1] != p.grpo.steps:
-        raise typer.BadParameter(f"{run} has checkpoints {steps[-3:]}, not the final step {p.grpo.steps}; run train")
+        raise ValueError(f"{run} has checkpoints {steps[-3:]}, not the final step {p.grpo.steps}; run train")
     base = json.loads((eval_sets / "base.json").read_text())
     ids = set(json.loads((eval_sets / "monitor.json").read_text())["ids"])
     test = load_problems_parquet(problems / "test.parquet")
@@ -74,4 +75,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out',))

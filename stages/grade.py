@@ -15,6 +15,7 @@ from pathlib import Path
 
 import typer
 
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.grader import grade_batch, grade_to_row, load_completion_rows, resolve_rows
 from projected_grpo.problems import load_problems
@@ -30,16 +31,12 @@ def main(
     mode: str = typer.Option(None, help="Grader mode: upstream | hardened (default: params.yaml grader.mode)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (grader section)."),
 ) -> None:
-    try:
-        p = load_params(params)
-        by_id = {q.id: q for q in load_problems(problems)}
-        rows = load_completion_rows(completions)
-        hinted = resolve_rows(by_id, rows, seed=p.seed)
-        if (mode or p.grader.mode) not in ("upstream", "hardened"):
-            raise ValueError(f"--mode must be upstream or hardened, got {mode!r}")
-    except (OSError, ValueError, KeyError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    p = load_params(params)
+    by_id = {q.id: q for q in load_problems(problems)}
+    rows = load_completion_rows(completions)
+    hinted = resolve_rows(by_id, rows, seed=p.seed)
+    if (mode or p.grader.mode) not in ("upstream", "hardened"):
+        raise ValueError(f"--mode must be upstream or hardened, got {mode!r}")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         grades = grade_batch(
             hinted,
@@ -60,4 +57,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out',))

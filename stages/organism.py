@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.organism import build_organism
 from projected_grpo.problems import load_problems_parquet
@@ -29,10 +30,14 @@ def main(
         org = build_organism(p.organism, records, p.seed, sb, p.grader.timeout_s, progress=sys.stderr.isatty())
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    for name, model in (("base", org.base), ("teacher", org.teacher)):
-        model.save_pretrained(tmp / name)
-        org.tokenizer.save_pretrained(tmp / name)
-    (tmp / "stats.json").write_text(json.dumps(org.stats, indent=2))
+    try:
+        for name, model in (("base", org.base), ("teacher", org.teacher)):
+            model.save_pretrained(tmp / name)
+            org.tokenizer.save_pretrained(tmp / name)
+        (tmp / "stats.json").write_text(json.dumps(org.stats, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # atomic: no half-written organism
     s = org.stats
@@ -43,4 +48,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out',))

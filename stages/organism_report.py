@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from projected_grpo.calibration import render_report, sample_and_grade, summarize
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.problems import load_problems_parquet
@@ -47,4 +48,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('report', 'metrics'))

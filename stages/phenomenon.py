@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv
 from projected_grpo.phenomenon import plot, render
@@ -25,7 +26,7 @@ def main(
     paths = {(a, s): logs / f"{a}-s{s}.tsv" for a in arms for s in p.seeds}
     missing = [str(x) for x in paths.values() if not x.exists()]
     if missing:
-        raise typer.BadParameter(f"missing train logs {missing[:3]}; run the train_ref stages first")
+        raise FileNotFoundError(f"missing train logs {missing[:3]}; run the train_ref stages first")
     runs = {k: read_tsv(v) for k, v in paths.items()}
     plot(runs, figure)
     report.parent.mkdir(parents=True, exist_ok=True)
@@ -35,4 +36,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('report', 'figure'))

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import typer
 
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pool import build_pool, save_pool
@@ -45,4 +46,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out', 'summary'))

@@ -14,6 +14,7 @@ import typer
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.atomic import write_json
 from projected_grpo.basis import Basis
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pool import load_pool
@@ -42,10 +43,10 @@ def main(
         need.append(organism / "base" / "config.json")
     missing = [str(f) for f in need if not f.is_file()]
     if missing:
-        raise SystemExit(f"probe: missing input(s): {', '.join(missing)}")
+        raise FileNotFoundError(f"probe: missing input(s): {', '.join(missing)}")
     b = Basis.load(basis_f)
     if not b.nu:
-        raise SystemExit(f"probe: basis {basis_f} has no gradient-space direction ν (act-space or no kept modules)")
+        raise ValueError(f"probe: basis {basis_f} has no gradient-space direction ν (act-space or no kept modules)")
     records = {q.id: q for q in load_problems_parquet(train_f)}
     flat = flatten_pool(load_pool(pool_f))
     index = select_rows(len(flat), p.probe.n_rows, p.seed)
@@ -63,4 +64,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out',))

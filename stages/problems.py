@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.exploits import MATRIX_PROBLEMS, mode_matrix_report
 from projected_grpo.sandbox import Sandbox
@@ -21,13 +22,9 @@ def main(
     matrix: Path = typer.Option(..., help="Markdown hack x mode matrix (environment self-check) to write."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
-    try:
-        p = load_params(params)
-        base = base_splits(p, leetcode)
-        records = expand_splits(base, p.env.modes, p.env.partition_seed, p.seed)
-    except (OSError, ValueError, KeyError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    p = load_params(params)
+    base = base_splits(p, leetcode)
+    records = expand_splits(base, p.env.modes, p.env.partition_seed, p.seed)
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         grades = grade_canonicals(base, sb, p.grader.mode, p.grader.timeout_s, progress=sys.stderr.isatty())
         isolation = sb.isolation
@@ -40,4 +37,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out', 'report', 'matrix'))

@@ -14,6 +14,7 @@ import typer
 from projected_grpo import atomic
 from projected_grpo import results as R
 from projected_grpo.arms import get_arm
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv
 from projected_grpo.probe import ProbeResult, check_t3, render
@@ -61,4 +62,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('out', 'metrics'))

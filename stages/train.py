@@ -14,6 +14,7 @@ import typer
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.arms import get_arm
 from projected_grpo.basis import Basis
+from projected_grpo.cli import run
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv, write_metrics
 from projected_grpo.model import load_model_and_tokenizer
@@ -43,7 +44,7 @@ def main(
     b = act = None
     if a.needs_basis:
         if basis is None:
-            raise typer.BadParameter(f"arm {arm} reads a basis: pass --basis")
+            raise ValueError(f"arm {arm} reads a basis: pass --basis")
         b = Basis.load(basis / ("random.safetensors" if a.random_dir else "basis.safetensors"))
         act = Basis.load(basis / "act.safetensors") if act_gated(p, a) else None
     model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
@@ -52,7 +53,7 @@ def main(
     cal = ex = None
     if a.edit in GATED or refreshes(p, a):
         if pairsets is None:
-            raise typer.BadParameter(f"arm {arm} reads held-out pairs (gate calibration or refresh): pass --pairsets")
+            raise ValueError(f"arm {arm} reads held-out pairs (gate calibration or refresh): pass --pairsets")
         holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
         cal, ex = held_out_pairs(p, a, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
@@ -64,4 +65,4 @@ def main(
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    run(main, outputs=('metrics',))

@@ -242,6 +242,28 @@ def test_save_load_roundtrip_and_mismatch(tok, tmp_path):
         load_adapter(m3, tmp_path / "x.safetensors")
 
 
+SAVE_IN_A_FRESH_PROCESS = """
+import sys
+from projected_grpo.adapter import attach_adapters, save_adapter
+from projected_grpo.tiny import tiny_model
+m = tiny_model(64, seed=0)
+attach_adapters(m, "all", 4, seed=0)
+save_adapter(m, sys.argv[1], {"step": 3, "arm": "vanilla", "z": [1, 2]})
+"""
+
+
+def test_saved_adapter_bytes_do_not_depend_on_the_process(tmp_path):
+    """Identical adapters give identical files in different processes (hash-ordered metadata would not: DVC would see
+    a changed output and a resumed run would not be byte-identical to an uninterrupted one)."""
+    import subprocess
+    import sys
+
+    files = [tmp_path / f"a{i}.safetensors" for i in range(3)]
+    for f in files:
+        subprocess.run([sys.executable, "-c", SAVE_IN_A_FRESH_PROCESS, str(f)], check=True)
+    assert files[0].read_bytes() == files[1].read_bytes() == files[2].read_bytes()
+
+
 def test_attach_wraps_targets_and_freezes_base(tok):
     _, m = fresh(tok, targets="residual_writers")
     names = list(adapters(m))

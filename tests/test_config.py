@@ -101,3 +101,19 @@ def test_name_lists_match_their_modules():
 
     assert set(config.ARM_NAMES) == set(arms.ARMS)
     assert set(config.BASIS_FREE_ARMS) == {n for n, a in arms.ARMS.items() if not a.needs_basis}
+
+
+def test_exponent_floats_written_by_dvc_are_read_as_numbers(tmp_path):
+    """`dvc exp run -S grpo.lr=7e-5` writes `lr: 7e-05`, which YAML 1.1 reads as a string; it must still be a float,
+    and a non-number must name its key."""
+    import shutil
+
+    from dvc.utils.hydra import apply_overrides
+
+    params = tmp_path / "params.yaml"
+    shutil.copy(ROOT / "params.yaml", params)
+    apply_overrides(params, ["grpo.lr=7e-5"])
+    assert "lr: 7e-05" in params.read_text() and load_params(params).grpo.lr == 7e-5
+    apply_overrides(params, ["grpo.lr=fast"])
+    with pytest.raises(ValueError, match="grpo.lr must be a number, got 'fast'"):
+        load_params(params)

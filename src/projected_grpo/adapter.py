@@ -325,7 +325,9 @@ def save_adapter(model: nn.Module, path: Path | str, metadata: dict[str, object]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})
+    # One metadata entry: safetensors serialises its metadata map in hash order, so several keys would make the bytes
+    # (and the DVC hash) of identical adapters differ from run to run.
+    save_file(tensors, str(tmp), metadata={"meta": json.dumps(meta, sort_keys=True)})
     tmp.replace(path)
 
 
@@ -334,7 +336,8 @@ def load_adapter(model: nn.Module, path: Path | str) -> dict[str, object]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+        raw = f.metadata() or {}
+        meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}  # old files
         keys = set(f.keys())
         ads = adapters(model)
         want = {f"{n}.{p}" for n in ads for p in ("delta", "knob")}

@@ -417,11 +417,13 @@ class EvalParams:
     def __post_init__(self) -> None:
         if min(self.n_monitor, self.curve_every, self.n_samples_curve, self.n_samples, self.max_new_tokens,
                self.batch_size, self.threads) < 1:  # fmt: skip
-            raise ValueError("eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be >= 1")
+            raise ValueError("eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be "
+                             ">= 1")
         if not (self.temperature > 0 and 0 < self.top_p <= 1):
             raise ValueError("eval.temperature must be > 0 and top_p in (0, 1]")
         if not self.surfaces or any(s not in SURFACES for s in self.surfaces):
-            raise ValueError(f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got {list(self.surfaces)}")
+            raise ValueError(f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got "
+                             f"{list(self.surfaces)}")
 
 
 @dataclass(frozen=True)
@@ -509,9 +511,18 @@ def _convert(tp: Any, v: Any, path: str) -> Any:
         return tuple(v)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return None if v is None else _convert(args[0], v, path)
+        if v is None or (isinstance(v, str) and str in args):
+            return v
+        return _convert(args[0], v, path)
     if tp is float and isinstance(v, int) and not isinstance(v, bool):
         return float(v)
+    if tp is float and isinstance(v, str):
+        # `dvc exp run -S grpo.lr=1e-4` writes `lr: 0.0001`, but `7e-05` stays as DVC formats it, and YAML 1.1 (PyYAML)
+        # reads an exponent without a dot as a string
+        try:
+            return float(v)
+        except ValueError:
+            raise ValueError(f"{path} must be a number, got {v!r}") from None
     return v
 
 
@@ -533,3 +544,52 @@ def unset_fields(cls: type, d: dict[str, Any], path: str = "") -> list[str]:
         elif dataclasses.is_dataclass(hints[f.name]):
             out += unset_fields(hints[f.name], d[f.name] or {}, p)
     return out
+
+
+# --- override sets (e.g. params-qwen3-4b.yaml): a partial params tree applied with `dvc exp run -S` ---------------
+
+
+def overlay(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """`base` with `over`'s values; a key of `over` that `base` lacks raises KeyError naming its dotted path."""
+    out = dict(base)
+    for k, v in over.items():
+        p = f"{path}.{k}" if path else k
+        if k not in base:
+            raise KeyError(f"unknown params key {p} in the override set; keys must exist in params.yaml")
+        out[k] = overlay(base[k], v, p) if isinstance(v, dict) and isinstance(base[k], dict) else v
+    return out
+
+
+def flat_overrides(over: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:
+    """Dotted (key, value) leaves of an override tree, lists kept whole."""
+    out = []
+    for k, v in over.items():
+        p = f"{path}.{k}" if path else k
+        out += flat_overrides(v, p) if isinstance(v, dict) else [(p, v)]
+    return out
+
+
+def override_args(over_path: Path | str, params_path: Path | str = "params.yaml") -> list[str]:
+    """`-S key=value` arguments for `dvc exp run` that apply the override file to params.yaml. The merged result is
+    validated first (unknown key or bad value -> the error names it), so DVC never starts on a broken set."""
+    over = yaml.safe_load(Path(over_path).read_text()) or {}
+    from_dict(Params, overlay(yaml.safe_load(Path(params_path).read_text()) or {}, over))
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, list | tuple):
+            return "[" + ",".join(fmt(x) for x in v) + "]"
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    return [a for k, v in flat_overrides(over) for a in ("-S", f"{k}={fmt(v)}")]
+
+
+if __name__ == "__main__":  # python -m projected_grpo.config overrides FILE [PARAMS]
+    import shlex
+    import sys
+
+    if len(sys.argv) not in (3, 4) or sys.argv[1] != "overrides":
+        sys.exit("usage: python -m projected_grpo.config overrides OVERRIDES.yaml [params.yaml]")
+    try:
+        print(" ".join(shlex.quote(a) for a in override_args(*sys.argv[2:])))
+    except (ValueError, KeyError, OSError) as e:
+        sys.exit(f"error: {e.args[0] if isinstance(e, KeyError) else e}")

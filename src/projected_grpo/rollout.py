@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig
 
+from projected_grpo.model import render_prompt
+
 
 @dataclass
 class Rollout:
@@ -37,8 +39,9 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def check_prompt_lengths(lengths: list[int], max_new_tokens: int, max_positions: int | None,
-                         max_prompt_tokens: int | None) -> None:  # fmt: skip
-    """Raise ValueError naming the first prompt that is too long; prompts are never truncated silently."""
+                         max_prompt_tokens: int | None, names: list[str] | None = None) -> None:  # fmt: skip
+    """Raise ValueError naming the first prompt that is too long (by `names[i]` when given, else its index);
+    prompts are never truncated silently."""
     limits = {}
     if max_prompt_tokens is not None:
         limits["max_prompt_tokens"] = max_prompt_tokens
@@ -53,8 +56,20 @@ def check_prompt_lengths(lengths: list[int], max_new_tokens: int, max_positions:
     if bad:
         i = bad[0]
         more = f" ({len(bad) - 1} more prompts too)" if len(bad) > 1 else ""
-        raise ValueError(f"prompt {i} is {lengths[i]} tokens, over the limit of {limit} ({why}){more}; "
+        name = names[i] if names is not None else i
+        raise ValueError(f"prompt {name} is {lengths[i]} tokens, over the limit of {limit} ({why}){more}; "
                          "drop or shorten it upstream, it is never truncated")  # fmt: skip
+
+
+def check_records_fit(model, tokenizer, records: list, max_new_tokens: int, max_prompt_tokens: int | None) -> None:
+    """Check every record's rendered prompt against the length limits before any work starts (a run must not fail
+    at step t, after writing checkpoints, on a prompt it could have rejected up front); the error names the record
+    (problem id and mode)."""
+    lengths = [len(tokenizer(render_prompt(tokenizer, list(q.prompt)), add_special_tokens=False)["input_ids"])
+               for q in records]  # fmt: skip
+    names = [f"{q.id} ({q.prompt_metadata.get('mode')})" for q in records]
+    check_prompt_lengths(lengths, max_new_tokens, getattr(model.config, "max_position_embeddings", None),
+                         max_prompt_tokens, names=names)  # fmt: skip
 
 
 def completion_mask(ids: Tensor, produced: Tensor, eos_ids: list[int]) -> Tensor:

@@ -53,7 +53,7 @@ from projected_grpo.optim import RotatedAdam
 from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow, draw, pad_ids
 from projected_grpo.rewards import CORRECTNESS_REWARD, gt_only
-from projected_grpo.rollout import Rollout, generate
+from projected_grpo.rollout import Rollout, check_records_fit, generate
 
 GATED = ("route_per_rollout", "route_per_token")  # arms whose gate is calibrated on held-out pairs
 
@@ -304,6 +304,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         raise ValueError(f"basis.space=act needs v_act extracted at basis.act_layer={act_layer} (act.safetensors from "
                          "the basis stage; re-run it after changing act_layer)")  # fmt: skip
     per_token = arm.edit == "route_per_token"
+    check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
 
     # The current basis (None for basis-free arms): the stage's, or after a refresh the re-extracted one.
     cur = None
