@@ -14,7 +14,7 @@ import typer
 
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.basis_eval import extract_all, metrics, render_report
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
@@ -55,5 +55,7 @@ def main(
                f"{res['selected'].meta['k_total']} directions -> {out}")  # fmt: skip
 
 
+app = stage_app(main, outputs=("out", "report", "metrics_out", "svd_cache"))
+
 if __name__ == "__main__":
-    run(main, outputs=('out', 'report', 'metrics_out', 'svd_cache'))
+    app()

@@ -13,7 +13,7 @@ import torch
 import typer
 
 from projected_grpo import atomic
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.evaluation import load_policy, merged, monitor_subset, problem_pass, score, select_records, tally
 from projected_grpo.problems import load_problems_parquet
@@ -49,5 +49,7 @@ def main(
     typer.echo(f"eval_sets: base solve {counts['solve']}, monitor {len(ids)} ids -> {out}")
 
 
+app = stage_app(main, outputs=("out",))
+
 if __name__ == "__main__":
-    run(main, outputs=('out',))
+    app()

@@ -19,7 +19,7 @@ from projected_grpo import evaluation as ev
 from projected_grpo.adapter import load_adapter
 from projected_grpo.arms import get_arm
 from projected_grpo.checkpoint import adapter_path, checkpoint_steps
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
@@ -74,5 +74,7 @@ def main(
     typer.echo(f"evaluate {arm} s{seed}: deploy solve {final['deploy']['solve']} -> {out}")
 
 
+app = stage_app(main, outputs=("out",))
+
 if __name__ == "__main__":
-    run(main, outputs=('out',))
+    app()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.grader import grade_batch, grade_to_row, load_completion_rows, resolve_rows
 from projected_grpo.problems import load_problems
@@ -56,5 +56,7 @@ def main(
     )
 
 
+app = stage_app(main, outputs=("out",))
+
 if __name__ == "__main__":
-    run(main, outputs=('out',))
+    app()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.organism import build_organism
 from projected_grpo.problems import load_problems_parquet
@@ -47,5 +47,7 @@ def main(
     )
 
 
+app = stage_app(main, outputs=("out",))
+
 if __name__ == "__main__":
-    run(main, outputs=('out',))
+    app()

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from projected_grpo.calibration import render_report, sample_and_grade, summarize
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.problems import load_problems_parquet
@@ -47,5 +47,7 @@ def main(
     report.write_text(render_report(out, stats, desc, f"Seed {p.seed}; sources: {organism}, {problems}/test.parquet."))
 
 
+app = stage_app(main, outputs=("report", "metrics"))
+
 if __name__ == "__main__":
-    run(main, outputs=('report', 'metrics'))
+    app()

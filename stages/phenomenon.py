@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv
 from projected_grpo.phenomenon import plot, render
@@ -35,5 +35,7 @@ def main(
     typer.echo(f"phenomenon: {len(runs)} runs -> {report}")
 
 
+app = stage_app(main, outputs=("report", "figure"))
+
 if __name__ == "__main__":
-    run(main, outputs=('report', 'figure'))
+    app()

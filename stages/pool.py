@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pool import build_pool, save_pool
@@ -45,5 +45,7 @@ def main(
     typer.echo(f"pool: {len(rows)} teacher completions, hack rate {stats['hack']:.3f} -> {out}")
 
 
+app = stage_app(main, outputs=("out", "summary"))
+
 if __name__ == "__main__":
-    run(main, outputs=('out', 'summary'))
+    app()

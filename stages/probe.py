@@ -14,7 +14,7 @@ import typer
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.atomic import write_json
 from projected_grpo.basis import Basis
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pool import load_pool
@@ -63,5 +63,7 @@ def main(
     typer.echo(f"probe: {res.n} rows, " + ", ".join(f"{n} {c.verdict}" for n, c in res.checks.items()) + f" -> {out}")
 
 
+app = stage_app(main, outputs=("out",))
+
 if __name__ == "__main__":
-    run(main, outputs=('out',))
+    app()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.exploits import MATRIX_PROBLEMS, mode_matrix_report
 from projected_grpo.sandbox import Sandbox
@@ -36,5 +36,7 @@ def main(
     typer.echo(f"problems: {p.substrate}: {sizes}; canonical pass {n_ok}/{n} -> {out}, {report}")
 
 
+app = stage_app(main, outputs=("out", "report", "matrix"))
+
 if __name__ == "__main__":
-    run(main, outputs=('out', 'report', 'matrix'))
+    app()

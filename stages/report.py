@@ -14,7 +14,7 @@ import typer
 from projected_grpo import atomic
 from projected_grpo import results as R
 from projected_grpo.arms import get_arm
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv
 from projected_grpo.probe import ProbeResult, check_t3, render
@@ -61,5 +61,7 @@ def main(
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 
 
+app = stage_app(main, outputs=("out", "metrics"))
+
 if __name__ == "__main__":
-    run(main, outputs=('out', 'metrics'))
+    app()

@@ -14,7 +14,7 @@ import typer
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.arms import get_arm
 from projected_grpo.basis import Basis
-from projected_grpo.cli import run
+from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.log import read_tsv, write_metrics
 from projected_grpo.model import load_model_and_tokenizer
@@ -64,5 +64,7 @@ def main(
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 
 
+app = stage_app(main, outputs=("metrics",))
+
 if __name__ == "__main__":
-    run(main, outputs=('metrics',))
+    app()

@@ -40,3 +40,10 @@ def leetcode_by_id(leetcode):
 def sandbox():
     with Sandbox(concurrency=2) as sb:
         yield sb
+
+
+def stage_cli(main):
+    """The stage's real entry point (its module's `app`: one-line errors, no partial outputs), for CliRunner."""
+    import importlib
+
+    return importlib.import_module(main.__module__).app

@@ -19,7 +19,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.cli import app, message
+from projected_grpo.cli import message, stage_app
 from tests.conftest import LEETCODE, ROOT
 
 
@@ -70,6 +70,13 @@ def train_args(inputs: Path, tmp: Path, arm: str) -> list[str]:
             str(tmp / "params.yaml")]  # fmt: skip
 
 
+def basis_args(tmp: Path, pairsets: Path, params: Path) -> list[str]:
+    a = tmp / "artifacts"
+    return ["--organism", "x", "--problems", str(tmp), "--pairsets", str(pairsets), "--svd-cache", str(a / "svd"),
+            "--out", str(a / "basis"), "--report", str(a / "b.md"), "--metrics", str(a / "b.json"), "--params",
+            str(params)]  # fmt: skip
+
+
 def test_unknown_params_key(tmp_path):
     params = write_params(tmp_path / "params.yaml", grpo={"grup_size": 8})
     res = stage(tmp_path, "problems", "--leetcode", str(LEETCODE), "--out", str(tmp_path / "artifacts" / "problems"),
@@ -94,10 +101,7 @@ def test_unknown_arm(tmp_path, train_inputs):
 def test_k_larger_than_the_adapter_rank(tmp_path):
     params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4},
                           basis={"k": 8})  # fmt: skip
-    res = stage(tmp_path, "basis", "--organism", "x", "--problems", str(tmp_path), "--pairsets",
-                str(ROOT / "data" / "pairsets"), "--svd-cache", str(tmp_path / "artifacts" / "svd"), "--out",
-                str(tmp_path / "artifacts" / "basis"), "--report", str(tmp_path / "artifacts" / "b.md"), "--metrics",
-                str(tmp_path / "artifacts" / "b.json"), "--params", str(params))  # fmt: skip
+    res = stage(tmp_path, "basis", *basis_args(tmp_path, ROOT / "data" / "pairsets", params))
     assert_one_line(res, "basis.k=8 is larger than adapter.rank=4")
     assert_nothing_written(tmp_path)
 
@@ -106,17 +110,11 @@ def test_missing_pair_set(tmp_path):
     params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4},
                           basis={"k": 2})  # fmt: skip
     (tmp_path / "pairsets" / "minileet").mkdir(parents=True)  # a pair-set root without the files
-    res = stage(tmp_path, "basis", "--organism", "x", "--problems", str(tmp_path), "--pairsets",
-                str(tmp_path / "pairsets"), "--svd-cache", str(tmp_path / "artifacts" / "svd"), "--out",
-                str(tmp_path / "artifacts" / "basis"), "--report", str(tmp_path / "artifacts" / "b.md"), "--metrics",
-                str(tmp_path / "artifacts" / "b.json"), "--params", str(params))  # fmt: skip
+    res = stage(tmp_path, "basis", *basis_args(tmp_path, tmp_path / "pairsets", params))
     assert_one_line(res, "prog_wide")
     assert_nothing_written(tmp_path)
     write_params(tmp_path / "params.yaml", basis={"pairset": "prog_widest"})  # a name no pair set has
-    res = stage(tmp_path, "basis", "--organism", "x", "--problems", str(tmp_path), "--pairsets",
-                str(ROOT / "data" / "pairsets"), "--svd-cache", str(tmp_path / "artifacts" / "svd"), "--out",
-                str(tmp_path / "artifacts" / "basis"), "--report", str(tmp_path / "artifacts" / "b.md"), "--metrics",
-                str(tmp_path / "artifacts" / "b.json"), "--params", str(params))  # fmt: skip
+    res = stage(tmp_path, "basis", *basis_args(tmp_path, ROOT / "data" / "pairsets", params))
     assert_one_line(res, "basis.pairset 'prog_widest' is not a known pair set")
     assert_nothing_written(tmp_path)
 
@@ -149,23 +147,24 @@ def _toy(out: Path = typer.Option(...), log: Path = typer.Option(...), kind: str
 def test_runner_removes_fresh_outputs_and_prints_one_line(tmp_path):
     log = tmp_path / "log.txt"
     log.write_text("before\n")  # existed before the call: an output the runner must not remove
-    res = CliRunner().invoke(app(_toy, outputs=("out", "log")), ["--out", str(tmp_path / "o"), "--log", str(log)])
+    args = ["--out", str(tmp_path / "o"), "--log", str(log)]
+    res = CliRunner().invoke(stage_app(_toy, outputs=("out", "log")), args)
     assert res.exit_code == 2 and res.stderr.strip() == "error: set toy.n >= 1 (got 0)"
     assert not (tmp_path / "o").exists() and log.exists()
-    res = CliRunner().invoke(app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log", str(log),
+    res = CliRunner().invoke(stage_app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log", str(log),
                                                            "--kind", "key"])  # fmt: skip
     assert res.exit_code == 2 and res.stderr.strip() == "error: unknown params key(s) toy.m"
 
 
 def test_runner_keeps_the_traceback_of_a_bug(tmp_path):
-    res = CliRunner().invoke(app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log",
+    res = CliRunner().invoke(stage_app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log",
                                                            str(tmp_path / "l"), "--kind", "bug"])  # fmt: skip
     assert isinstance(res.exception, RuntimeError) and not (tmp_path / "o").exists()
 
 
 def test_runner_rejects_outputs_main_does_not_have():
     with pytest.raises(TypeError, match="no parameter"):
-        app(_toy, outputs=("report",))
+        stage_app(_toy, outputs=("report",))
 
 
 def test_message_is_one_line():

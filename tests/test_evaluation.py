@@ -17,6 +17,7 @@ from projected_grpo.adapter import adapters, attach_adapters, knob_disabled
 from projected_grpo.grader import Grade
 from projected_grpo.problems import Problem
 from projected_grpo.tiny import tiny_model
+from tests.conftest import stage_cli
 from tests.test_stages import _params, _run_problems
 
 # --- pure parts ---------------------------------------------------------------------------------------------------
@@ -111,9 +112,7 @@ def test_merged_weights_are_the_adapter_policy_and_are_restored(kind):
 
 
 def _app(main) -> typer.Typer:
-    app = typer.Typer()
-    app.command()(main)
-    return app
+    return stage_cli(main)
 
 
 @pytest.fixture(scope="module")

@@ -208,15 +208,13 @@ def test_find_test_func():
 
 
 def _cli(tmp_path, rows, mode="upstream"):
-    import typer
 
     from stages.grade import main
-    from tests.conftest import LEETCODE, ROOT
+    from tests.conftest import LEETCODE, ROOT, stage_cli
 
     comp, out = tmp_path / "c.jsonl", tmp_path / "o.jsonl"
     comp.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     res = CliRunner().invoke(
         app,
         [

@@ -6,13 +6,12 @@ the stage's one-line error for missing logs.
 
 import math
 
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from projected_grpo.log import StepLog
 from projected_grpo.phenomenon import LAST, endpoints, plot, render
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_cli
 
 
 def rows(hack_start: float, hack_end: float, steps: int = 20) -> list[dict[str, float]]:
@@ -61,8 +60,7 @@ def test_stage_reads_logs_from_params_and_names_missing_ones(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(d))
     logs = tmp_path / "logs"
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     args = ["--logs", str(logs), "--report", str(tmp_path / "r" / "p.md"), "--figure", str(tmp_path / "r" / "p.png"),
             "--params", str(params)]  # fmt: skip
     res = CliRunner().invoke(app, args)

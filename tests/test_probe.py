@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import typer
 import yaml
 from scipy import stats
 from typer.testing import CliRunner
@@ -37,7 +36,7 @@ from projected_grpo.probe import (
     select_rows,
 )  # fmt: skip
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stage_cli
 
 TEXTS = [
     "```python\nclass Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]\n```",
@@ -352,8 +351,7 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup):
     vh = {n: v[None].clone() for n, v in nu.items()}  # (1, D_m); safetensors refuses shared storage
     Basis(vh=vh, nu=nu, meta={}).save(tmp_path / "basis" / "basis.safetensors")
 
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     out = tmp_path / "reports" / "probe" / "probe.json"
     opts = {"organism": tmp_path / "org", "problems": tmp_path / "problems", "pool": tmp_path / "pool",
             "basis": tmp_path / "basis", "out": out, "params": params}  # fmt: skip

@@ -17,7 +17,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.cli import app
 from projected_grpo.config import Params, from_dict, load_params, overlay, override_args
 from tests.conftest import LEETCODE, ROOT
 
@@ -53,9 +52,9 @@ def test_override_set_rejects_an_unknown_key(tmp_path):
         override_args(bad, ROOT / "params.yaml")
 
 
-def _invoke(stage: str, outputs: tuple[str, ...], *args: str):
-    module = __import__(f"stages.{stage}", fromlist=["main"])
-    res = CliRunner().invoke(app(module.main, outputs), list(args))
+def _invoke(stage: str, *args: str):
+    module = __import__(f"stages.{stage}", fromlist=["app"])
+    res = CliRunner().invoke(module.app, list(args))
     assert res.exit_code == 0, (res.output, res.exception)
     return res
 
@@ -85,11 +84,11 @@ def test_real_setting_code_path_on_a_tiny_random_qwen3(tmp_path):
     P = ["--params", str(params)]
     small = tmp_path / "lc.jsonl"  # a slice keeps the canonical grading short
     small.write_text("".join(LEETCODE.read_text().splitlines(keepends=True)[:10]))
-    _invoke("problems", ("out",), "--leetcode", str(small), "--out", str(a / "problems"), "--report",
+    _invoke("problems", "--leetcode", str(small), "--out", str(a / "problems"), "--report",
             str(r / "problems.md"), "--matrix", str(r / "matrix.md"), *P)  # fmt: skip
-    _invoke("pool", ("out",), "--organism", str(a / "organism"), "--problems", str(a / "problems"), "--out",
+    _invoke("pool", "--organism", str(a / "organism"), "--problems", str(a / "problems"), "--out",
             str(a / "pool"), "--summary", str(r / "pool.json"), *P)  # fmt: skip
-    _invoke("train", ("metrics",), "--arm", "vanilla", "--seed", "1", "--organism", str(a / "organism"),
+    _invoke("train", "--arm", "vanilla", "--seed", "1", "--organism", str(a / "organism"),
             "--problems", str(a / "problems"), "--pool", str(a / "pool"), "--out", str(a / "train"), "--log",
             str(r / "t.tsv"), "--metrics", str(r / "t.json"), *P)  # fmt: skip
     assert (a / "train" / "step_00001.safetensors").exists() and not (a / "organism").exists()

@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from projected_grpo import results as R
 from projected_grpo.modes import LOOPHOLE_MODES
+from tests.conftest import stage_cli
 
 N_PROB, K = 10, 2  # 10 problems × 2 samples: solve n = 20, hack n = 10 × 6 modes × 2 = 120 per surface
 
@@ -253,8 +253,7 @@ def test_report_stage_end_to_end(stage_inputs):
     from stages.report import main
 
     tmp, params, probe = stage_inputs
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     out = tmp / "reports" / "results.md"
     args = [
         "--evals",

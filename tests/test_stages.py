@@ -10,13 +10,12 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from projected_grpo.modes import LOOPHOLE_MODES, MODES
 from projected_grpo.problems import FIELDS
-from tests.conftest import LEETCODE, ROOT
+from tests.conftest import LEETCODE, ROOT, stage_cli
 
 COLUMNS = [*FIELDS, "mode", "surface"]
 OUT_FILES = ["holdout.parquet", "partition.json", "test.parquet", "train.parquet"]
@@ -34,8 +33,7 @@ def _params(tmp_path: Path, **sections) -> Path:
 def _run_problems(tmp_path: Path, params: Path, leetcode: Path = LEETCODE):
     from stages.problems import main
 
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     out, report = tmp_path / "artifacts" / "problems", tmp_path / "reports" / "env" / "problems.md"
     matrix = report.with_name("mode_matrix.md")
     args = [
@@ -170,8 +168,7 @@ def test_basis_stage_tiny(tmp_path):
     params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4},
                      basis={"k": 2, "n_flips": 100, "modes": ["run_tests", "sentinel"]})  # fmt: skip
     out, report, metrics = tmp_path / "basis", tmp_path / "reports" / "basis.md", tmp_path / "m" / "metrics.json"
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     args = ["--organism", str(tmp_path / "none"), "--problems", str(probs), "--pairsets", str(pairsets.parent),
             "--svd-cache", str(tmp_path / "cache"), "--out", str(out), "--report", str(report), "--metrics",
             str(metrics), "--params", str(params)]  # fmt: skip
@@ -198,14 +195,13 @@ def test_basis_stage_bad_pairset_exits_with_one_line(tmp_path):
     from stages.basis import main
 
     params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2})
-    app = typer.Typer()
-    app.command()(main)
+    app = stage_cli(main)
     out = tmp_path / "basis"
     args = ["--organism", "x", "--problems", str(tmp_path), "--pairsets", str(tmp_path / "nopairs"), "--svd-cache",
             str(tmp_path / "c"), "--out", str(out), "--report", str(tmp_path / "r.md"), "--metrics",
             str(tmp_path / "m.json"), "--params", str(params)]  # fmt: skip
     res = CliRunner().invoke(app, args)
-    assert res.exit_code != 0 and "known pair sets" in str(res.exception)
+    assert res.exit_code == 2 and "known pair sets" in res.output and "Traceback" not in res.output
     assert not out.exists() and not (tmp_path / "r.md").exists()
 
 

@@ -1,10 +1,10 @@
 """Stage entry points: a typer CLI whose user errors end as one line on stderr (exit 2), with no partial outputs.
 
-Every stage script ends with `cli.run(main, outputs=(...))`, where `outputs` names the parameters of `main` that are
-paths the stage writes. If `main` raises, each of those paths that did not exist before the call is removed, so a
-failed stage leaves nothing half-written for DVC or the next stage to pick up. A user error (a bad params value or
-key, an unknown arm, a missing input file, a prompt over the length cap: ValueError, KeyError, OSError) prints
-`error: <what to fix>` and exits with 2. Anything else is a bug and keeps its traceback. Set
+Every stage script builds `app = stage_app(main, outputs=(...))`, where `outputs` names the parameters of `main`
+that are paths the stage writes. If `main` raises, each of those paths that did not exist before the call is
+removed, so a failed stage leaves nothing half-written for DVC or the next stage to pick up. A user error (a bad
+params value or key, an unknown arm, a missing input file, a prompt over the length cap: ValueError, KeyError,
+OSError) prints `error: <what to fix>` and exits with 2. Anything else is a bug and keeps its traceback. Set
 PROJECTED_GRPO_TRACEBACK=1 to get the traceback of a user error too.
 
 Resumable outputs (train's checkpoints and log, DVC `persist`) are deliberately not listed: a killed or failed run
@@ -63,12 +63,8 @@ def guarded(main: Callable, outputs: tuple[str, ...] = ()) -> Callable:
     return wrapped
 
 
-def app(main: Callable, outputs: tuple[str, ...] = ()) -> typer.Typer:
-    """The stage's typer app (tests invoke it through typer.testing.CliRunner)."""
+def stage_app(main: Callable, outputs: tuple[str, ...] = ()) -> typer.Typer:
+    """The stage's typer app: the module-level `app` of every stage script (tests invoke it with CliRunner)."""
     a = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     a.command(help=inspect.getmodule(main).__doc__)(guarded(main, outputs))
     return a
-
-
-def run(main: Callable, outputs: tuple[str, ...] = ()) -> None:
-    app(main, outputs)()
