@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
 from projected_grpo import evaluation as ev
@@ -111,10 +110,6 @@ def test_merged_weights_are_the_adapter_policy_and_are_restored(kind):
 # --- the stages on a tiny random Qwen3 ----------------------------------------------------------------------------
 
 
-def _app(main) -> typer.Typer:
-    return stage_cli(main)
-
-
 @pytest.fixture(scope="module")
 def tiny_eval(tmp_path_factory):
     """problems (3 minileet test problems × 13 records) + eval_sets with a tiny random policy."""
@@ -129,7 +124,7 @@ def tiny_eval(tmp_path_factory):
     res, problems, _ = _run_problems(tmp, params)
     assert res.exit_code == 0, res.output
     out = tmp / "eval_sets"
-    res = CliRunner().invoke(_app(main), ["--organism", str(tmp / "none"), "--problems", str(problems), "--out",
+    res = CliRunner().invoke(stage_cli(main), ["--organism", str(tmp / "none"), "--problems", str(problems), "--out",
                                           str(out), "--params", str(params)])  # fmt: skip
     assert res.exit_code == 0, res.output
     return tmp, params, problems, out
@@ -172,7 +167,7 @@ def _evaluate(tmp: Path, params: Path, problems: Path, eval_sets: Path, arm: str
 
     args = ["--arm", arm, "--seed", "41", "--run", str(run), "--organism", str(tmp / "none"), "--problems",
             str(problems), "--eval-sets", str(eval_sets), "--out", str(out), "--params", str(params)]  # fmt: skip
-    return CliRunner().invoke(_app(main), args)
+    return CliRunner().invoke(stage_cli(main), args)
 
 
 def test_evaluate_routed_arm_states_curve_and_determinism(tiny_eval):
