@@ -1,4 +1,4 @@
-"""Rollout throughput: batched sampling with a KV cache vs one completion at a time vs batched without a cache.
+"""Rollout throughput: our sampler vs HF `generate`, vs one completion at a time, vs batched without a cache.
 
   python benchmarks/generation.py --out reports/bench/generation.md
 
@@ -6,8 +6,12 @@ One GRPO-sized batch (8 prompts x G=8 = 64 completions x 96 new tokens, T=0.7, t
 organism's shape (params.yaml `organism`) with random weights, built in-process.
 Prompts are real minileet prompts rendered with the chat template (~200 tokens under a 2048-token BPE trained on the
 LeetCode split). EOS is suppressed (logit -inf) so every variant generates exactly the same number of tokens. All
-variants go through `rollout.generate`, side by side in one run. The two slow variants (batch 1, no cache) are timed
-on the first whole groups only (--batch1-completions, --nocache-completions) and reported per completion.
+variants go through `rollout.generate`, side by side in one run: engine="shared" (ours: one prefill per distinct
+prompt, finished rows dropped, in-place cache) and engine="hf" (`model.generate`, which draws the same tokens). The
+two slow variants (batch 1, no cache) are timed on the first whole groups only (--batch1-completions,
+--nocache-completions) and reported per completion. A second workload lets rows stop: the EOS logit gets a bias
+(--eos-bias) so completion lengths spread as the organism's do (mean ~40-50 of 160 tokens), which is where dropping
+finished rows pays.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype) -> Qwen3ForCausalLM:
-    """The organism's shape from params.yaml (`organism` section), random weights."""
+def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype, eos_bias: float | None = None
+                         ) -> Qwen3ForCausalLM:  # fmt: skip
+    """The organism's shape from params.yaml (`organism` section), random weights. eos_bias None: EOS never sampled;
+    else added to the EOS logit (rows stop at spread-out lengths)."""
     o = load_params(ROOT / "params.yaml").organism
     cfg = Qwen3Config(
         vocab_size=vocab_size, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
@@ -43,9 +49,12 @@ def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype) -> Qw
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     eos = cfg.eos_token_id
-    # never stop early: every variant then does exactly n_rows x max_new_tokens decode steps
-    model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([eos], device=out.device),
-                                                                          float("-inf")))  # fmt: skip
+    if eos_bias is None:  # never stop early: every variant then does exactly n_rows x max_new_tokens decode steps
+        model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(
+            -1, torch.tensor([eos], device=out.device), float("-inf")))  # fmt: skip
+    else:
+        model.lm_head.register_forward_hook(lambda m, i, out: out + eos_bias * (
+            torch.arange(out.shape[-1], device=out.device) == eos))  # fmt: skip
     return model
 
 
@@ -68,6 +77,8 @@ def main(
     batch1_completions: int = typer.Option(16, help="rows timed for the batch-1 variant (CPU budget)"),
     nocache_completions: int = typer.Option(8, help="rows timed for the no-cache variant (CPU budget)"),
     threads: int = typer.Option(0, help="torch intra-op threads; 0 = torch's default"),
+    eos_bias: float = typer.Option(2.5, help="EOS logit bias of the second workload (rows stop at spread lengths)"),
+    stop_max_new_tokens: int = typer.Option(160, help="completion budget of the second workload (params.yaml's)"),
 ) -> None:
     if threads:
         torch.set_num_threads(threads)
@@ -90,6 +101,10 @@ def main(
     assert int(r.mask.sum()) == B * max_new_tokens
     rows.append(("batched, KV cache (ours)", B, s))
     print(f"batched+cache: {s:.1f}s", flush=True)
+    r_hf, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, engine="hf", **kw), device)
+    assert torch.equal(r_hf.completion_ids, r.completion_ids)  # the same draws
+    rows.append(('batched, KV cache, HF `generate` (engine="hf")', B, s))
+    print(f"hf generate: {s:.1f}s", flush=True)
     _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, batch_size=group_size, **kw), device)
     rows.append((f"one prompt's group (G={group_size}) at a time, KV cache", B, s))
     print(f"per-group: {s:.1f}s", flush=True)
@@ -104,7 +119,7 @@ def main(
     rows.append(("(a) one completion at a time (batch 1), KV cache", len(sub) * group_size, s))
     print(f"batch-1: {s:.1f}s", flush=True)
     sub = subset(nocache_completions)
-    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, use_cache=False, **kw), device)
+    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, use_cache=False, engine="hf", **kw), device)
     rows.append(("(b) batched, no KV cache (`use_cache=False`)", len(sub) * group_size, s))
     print(f"no-cache: {s:.1f}s", flush=True)
     # repeat the first row last: the spread between the two is this machine's run-to-run noise
@@ -113,12 +128,22 @@ def main(
     print(f"batched+cache again: {s:.1f}s", flush=True)
 
     base = B / ((rows[0][2] + rows[-1][2]) / 2)  # ours: mean wall time of the first and the repeated run
+
+    # Workload 2: rows stop (EOS biased up), the organism's budget; ours and HF interleaved twice (A B B A).
+    stop_model = organism_sized_model(len(tok), device, dtype, eos_bias=eos_bias)
+    kw2 = kw | {"max_new_tokens": stop_max_new_tokens}
+    stop: dict[str, list[float]] = {"shared": [], "hf": []}
+    for eng in ("shared", "hf", "hf", "shared"):
+        r2, s = timed(lambda e=eng: generate(stop_model, tok, prompts, group_size=group_size, engine=e, **kw2), device)
+        stop[eng].append(s)
+        lens = r2.mask.sum(-1).float()
+    print(f"stopping rows: {stop}", flush=True)
     if device.startswith("cuda"):
         machine = torch.cuda.get_device_name(0)
     else:
         machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores visible"
     lines = [
-        "# Rollout throughput: batched + KV cache vs one at a time vs no cache",
+        "# Rollout throughput: our sampler vs HF generate vs one at a time vs no cache",
         "",
         f"Generated by `python benchmarks/generation.py --out {out}` on {platform.node()} ({machine}; device "
         f"`{device}`, {dtype}, torch {torch.__version__}, {torch.get_num_threads()} intra-op threads; load average "
@@ -130,6 +155,8 @@ def main(
         f"Qwen3 of the organism's shape with random weights (d={c.hidden_size}, {c.num_hidden_layers} layers, "
         f"{c.num_attention_heads} heads x {c.head_dim}, {c.num_key_value_heads} kv heads, d_ff={c.intermediate_size}, "
         f"vocab {len(tok)}, tied embeddings; {n_params / 1e6:.2f}M parameters).",
+        "",
+        "## 1. Every row runs to the budget (EOS suppressed)",
         "",
         "| variant | completions timed | wall (s) | rollouts/s | tokens/s | ours is faster by |",
         "|---|---|---|---|---|---|",
@@ -146,6 +173,20 @@ def main(
         "one-at-a-time cost per completion does not depend on how many there are, and the no-cache variant re-runs "
         f"the full prompt+prefix forward at each of the {max_new_tokens} steps, so its per-completion cost is "
         "compute-bound and roughly independent of the batch size on CPU.",
+        "",
+        "## 2. Rows stop at spread-out lengths (EOS logit + bias)",
+        "",
+        f"The same {B} completions, budget {stop_max_new_tokens} tokens, EOS logit +{eos_bias:g}: completion length "
+        f"mean {float(lens.mean()):.1f}, median {float(lens.median()):.0f}, max {int(lens.max())} tokens. Each "
+        "engine run twice, interleaved (ours, HF, HF, ours); the same tokens either way.",
+        "",
+        "| engine | wall (s), both runs | mean (s) | ours is faster by |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {' / '.join(f'{x:.2f}' for x in stop[e])} | {sum(stop[e]) / 2:.2f} | "
+            f"**{sum(stop[e]) / sum(stop['shared']):.2f}x** |"
+            for name, e in (('ours (engine="shared")', "shared"), ('HF `generate` (engine="hf")', "hf"))
+        ),
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

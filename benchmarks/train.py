@@ -6,9 +6,10 @@ What runs. Every configuration trains the same in-process tiny Qwen3 (`tiny.tiny
 weights, fp32, CPU) on the same B minileet training prompts (with their loophole hints) under the in-process tiny
 tokenizer, G completions per prompt, the same completion budget, temperature and beta (params.yaml), and the same
 cheap deterministic reward (sha256 of the completion text mod 4: no sandbox, so the grader's cost does not dominate).
-EOS is suppressed during sampling (logit -inf, only inside `model.generate`), so every completion is exactly
-`max_new_tokens` long in every configuration: the arms' policies diverge after one update, and the work per step
-must not.
+EOS is suppressed during sampling (logit -inf, only inside TRL's `model.generate` and our `rollout.sample_chunk`), so
+every completion is exactly `max_new_tokens` long in every configuration: the arms' policies diverge after one update,
+and the work per step must not. (So our sampler's saving from dropping finished rows does not show here; its shared
+prefill does: reports/bench/generation.md has both.)
 
 * ours: `projected_grpo.train.train` for `vanilla`, `erase_one_sided`, `route_batch`, `route_per_rollout` (SVD
   adapter on every projection, only δS/δS_h trainable), with a basis extracted like the `basis` stage does (per-pair
@@ -32,8 +33,9 @@ time (only one thread runs, so process CPU is that configuration's). The first c
 rollout) and the second (first backward; warm-up) are dropped. As a cross-check, the step-aligned wall time is also
 read where the brief suggests: our log's `dt` column and TRL's `on_step_begin`->`on_step_end`, each minus the time
 the thread waited for its turn inside that step. Phases are timed by wrapping (never editing) the functions each
-loop calls, outermost only: `model.generate`, the reward, the reference and policy forwards, `Tensor.backward`, the
-edit functions, the optimizer step (+ clipping), gate calibration; "other" is the remainder.
+loop calls, outermost only: sampling (`model.generate` / `rollout.sample_chunk`), the reward, the reference and
+policy forwards, `Tensor.backward`, the edit functions, the optimizer step (+ clipping), gate calibration; "other" is
+the remainder.
 
 Peak memory: each configuration (A/A excluded) again in a fresh subprocess for `--mem-steps` steps; VmRSS after
 imports + setup, and the peak resident set of the process (VmHWM, its high-water mark since exec) at the end. Both
@@ -62,6 +64,7 @@ import torch
 import typer
 
 from projected_grpo import projection as proj
+from projected_grpo import rollout as rollout_mod
 from projected_grpo import train as train_mod
 from projected_grpo.adapter import adapters, attach_adapters
 from projected_grpo.arms import get_arm
@@ -186,7 +189,8 @@ def restore(saved) -> None:
 
 
 def instrument_model(model, eos_ids: list[int], ph: Phases | None) -> None:
-    """EOS suppressed only while `model.generate` runs (every row samples exactly max_new_tokens), generate timed."""
+    """EOS suppressed only while the model samples (every row samples exactly max_new_tokens), sampling timed as
+    `generate`: TRL's `model.generate`, and ours, `rollout.sample_chunk` (patched once, below, to read this state)."""
     state = {"gen": False}
     eos = torch.tensor(eos_ids)
 
@@ -194,17 +198,37 @@ def instrument_model(model, eos_ids: list[int], ph: Phases | None) -> None:
         return out.index_fill(-1, eos, float("-inf")) if state["gen"] else None
 
     model.lm_head.register_forward_hook(hook)
+    model._bench_sampling = state, ph
     orig = model.generate
 
     @functools.wraps(orig)
     def generate(*a, **k):
-        state["gen"] = True
-        try:
-            return ph.call("generate", orig, *a, **k) if ph is not None else orig(*a, **k)
-        finally:
-            state["gen"] = False
+        return sampling(model, orig, *a, **k)
 
     model.generate = generate
+
+
+def sampling(model, fn, *a, **k):
+    """Run a sampling call of `model` with its EOS suppression on, timed as the `generate` phase."""
+    state, ph = model._bench_sampling
+    state["gen"] = True
+    try:
+        return ph.call("generate", fn, *a, **k) if ph is not None else fn(*a, **k)
+    finally:
+        state["gen"] = False
+
+
+_sample_chunk = rollout_mod.sample_chunk
+
+
+@functools.wraps(_sample_chunk)
+def _instrumented_sample_chunk(model, *a, **k):
+    if not hasattr(model, "_bench_sampling"):
+        return _sample_chunk(model, *a, **k)
+    return sampling(model, _sample_chunk, model, *a, **k)
+
+
+rollout_mod.sample_chunk = _instrumented_sample_chunk  # rollout.generate looks the name up at call time
 
 
 # --- the turn scheduler -----------------------------------------------------------------------------------------
@@ -745,7 +769,8 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         "## Where the time goes",
         "",
         "Median milliseconds per timed step by phase (ordinary steps; route_per_rollout's calibration steps on "
-        "their own row). generate = `model.generate` (prefill + sampling); reward = the hash reward; fwd_ref / "
+        "their own row). generate = sampling, prefill included (TRL: `model.generate`; ours: `rollout.sample_chunk`); "
+        "reward = the hash reward; fwd_ref / "
         "fwd_policy = our `rollout_logprobs` or TRL's `_get_per_token_logps_and_entropies` without / with grad; "
         "backward = `Tensor.backward`; edit = our projection functions and rotations (`edit_coords`, "
         "`route_per_rollout`, `rollout_scores`, `band_gate`, `RotatedAdam.rotate`); optimizer = `RotatedAdam.step` "

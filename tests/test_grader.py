@@ -167,6 +167,28 @@ def test_define_starter_reward(leetcode_by_id, sandbox):
     assert total_reward(g_drop, ("gt_only",)) == 3.5
 
 
+def test_duplicate_completions_run_once(leetcode_by_id, sandbox):
+    """A completion repeated for the same problem object is executed once; every row still gets its grade, in order,
+    equal to grading it alone. The same text under a different problem object is graded separately."""
+    p = leetcode_by_id[PID]
+    h = apply_hint(p, "simple_overwrite_tests")
+    canon, wrong = fence(p.canonical_solution), fence(WRONG)
+    probs = [h, h, h, h, p, h]
+    comps = [canon, wrong, canon, canon, canon, wrong]
+    n_specs = []
+
+    class Counting:  # the real sandbox, counting the executions it is asked for
+        def run(self, specs, progress=False):
+            n_specs.append(len(specs))
+            return sandbox.run(specs, progress=progress)
+
+    grades = grade_batch(probs, comps, Counting(), timeout_s=2.0)
+    alone = [grade_batch([q], [c], Counting(), timeout_s=2.0)[0] for q, c in zip(probs, comps)]
+    assert grades == alone
+    assert [g.label for g in grades] == ["correct", "incorrect", "correct", "correct", "correct", "incorrect"]
+    assert n_specs[0] == n_specs[1] + n_specs[2] + n_specs[5]  # the batch ran (h, canon), (h, wrong), (p, canon) once
+
+
 @pytest.mark.parametrize("mode", ["upstream", "hardened"])
 def test_all_canonical_solutions_correct(leetcode, sandbox, mode):
     """119/119 canonical solutions pass at the default timeout (params.yaml) in both modes."""

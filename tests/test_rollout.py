@@ -1,7 +1,8 @@
 """Tests for rollout.py: batched group sampling with a KV cache on the tiny Qwen3.
 
 Covers: shapes and left/right padding, group contiguity, the EOS mask (pure table + a model pushed to emit EOS),
-seed determinism, chunking/padding invariance (greedy), and the prompt-length guard.
+seed determinism, chunking/padding invariance (greedy), the prompt-length guard, and the sampler's token-for-token
+equality with HF `generate` (shared prefill, finished rows dropped, in-place cache).
 Run: `pytest tests/test_rollout.py -q`.
 """
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from projected_grpo.model import render_prompt
-from projected_grpo.rollout import Rollout, completion_mask, generate
+from projected_grpo.rollout import BufferedLayer, Rollout, completion_mask, generate, group_runs
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 
 EOS, PAD = 2, 0
@@ -132,3 +133,53 @@ def test_prompt_guard(tok, prompts):
     with pytest.raises(ValueError, match=rf"prompt 1 is {lens[1]} tokens.*max_position_embeddings"):
         _sample(short, tok, prompts, max_new_tokens=8)
     _sample(short, tok, prompts, max_new_tokens=4)  # exactly fits: no error
+
+
+@pytest.mark.parametrize("kw", [
+    dict(temperature=1.0, top_p=1.0),                      # the training setting (top_p off)
+    dict(temperature=0.7, top_p=0.9),                      # temperature and nucleus warpers
+    dict(temperature=1.0, top_p=0.95, batch_size=5),       # chunks of 5, 5, 2 rows: groups split across chunks
+    dict(temperature=0.0, top_p=1.0, group_size=2),        # greedy
+], ids=["train", "top_p", "split_groups", "greedy"])  # fmt: skip
+def test_sampler_matches_hf_generate_token_for_token(tok, prompts, kw):
+    """The sampler draws exactly HF generate's tokens: same seed -> identical ids, masks and texts, with rows finishing
+    at different steps (EOS pushed up) so that finished rows leave the batch mid-generation."""
+    model = _eos_biased(tiny_model(len(tok)), 2.5)
+    args = dict(group_size=4, max_new_tokens=24, seed=5) | kw
+    ours, ref = (generate(model, tok, prompts, engine=e, **args) for e in ("shared", "hf"))
+    lengths = ours.mask.sum(-1)
+    if kw["temperature"] > 0:  # the case the compaction is for: rows stop at several different steps
+        assert len(set(lengths.tolist())) >= 3 and int(lengths.min()) < 24
+    assert torch.equal(ours.completion_ids, ref.completion_ids)
+    assert torch.equal(ours.mask, ref.mask) and ours.texts == ref.texts
+    assert torch.equal(ours.prompt_ids, ref.prompt_ids) and torch.equal(ours.prompt_mask, ref.prompt_mask)
+
+
+def test_group_runs():
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9], [7, 8, 9], [0, 5, 6]])
+    am = torch.tensor([[0, 1, 1]] * 2 + [[1, 1, 1]] * 3 + [[0, 1, 1]])
+    first, owner = group_runs(ids, am)
+    assert first.tolist() == [0, 2, 5]  # a repeat of an earlier prompt after another one starts a new run
+    assert owner.tolist() == [0, 0, 1, 1, 1, 2]
+    first, _ = group_runs(ids[:2], torch.tensor([[1, 1, 1], [0, 1, 1]]))  # same ids, different mask: two runs
+    assert first.tolist() == [0, 1]
+
+
+def test_buffered_layer_returns_the_concatenated_cache():
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g)
+    layer = BufferedLayer(k, v, extra=3)
+    steps = [(torch.randn(3, 2, 1, 4, generator=g), torch.randn(3, 2, 1, 4, generator=g)) for _ in range(3)]
+    for i, (dk, dv) in enumerate(steps):
+        k, v = torch.cat([k, dk], -2), torch.cat([v, dv], -2)
+        got_k, got_v = layer.update(dk, dv)
+        assert torch.equal(got_k, k) and torch.equal(got_v, v) and layer.get_seq_length() == 6 + i
+    layer.select(torch.tensor([0, 2]))
+    assert torch.equal(layer.keys, k[[0, 2]]) and torch.equal(layer.values, v[[0, 2]])
+
+
+def test_engine_arguments(model, tok, prompts):
+    with pytest.raises(ValueError, match="engine must be"):
+        _sample(model, tok, prompts, engine="vllm")
+    with pytest.raises(ValueError, match="engine='hf'"):
+        _sample(model, tok, prompts, use_cache=False)

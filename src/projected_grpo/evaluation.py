@@ -55,7 +55,8 @@ def sample_and_score(model, tok, records: list[Problem], n_samples: int, tempera
     """`n_samples` completions per record in batches of `batch_size` rows, graded in parallel by the sandbox."""
     prompts = [render_prompt(tok, list(r.prompt)) for r in records]
     ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_p=top_p, seed=seed, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens)  # fmt: skip
+                  top_p=top_p, seed=seed, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
+                  progress=True)  # fmt: skip
     recs = [r for r in records for _ in range(n_samples)]
     grades = grade_batch(recs, ro.texts, sandbox, mode=grader_mode, timeout_s=timeout_s, progress=True)
     return [Scored(r, t, g) for r, t, g in zip(recs, ro.texts, grades)]

@@ -221,19 +221,24 @@ def grade_batch(
     timeout_s: float = 3.0, progress: bool = False,
 ) -> list[Grade]:  # fmt: skip
     """Grade `completions[i]` against `problems[i]` (a no-hint, upstream-hinted, or loophole-mode record).
-    `mode` picks the GT runner for upstream hints; loophole-mode records always use the strict oracle."""
+    `mode` picks the GT runner for upstream hints; loophole-mode records always use the strict oracle.
+
+    A completion repeated for the same problem object (a group's duplicate samples) is executed once and its (frozen)
+    Grade shared: 25-50% of a GRPO step's rows are such duplicates on the organism."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
     if mode not in harness.MODES:
         raise ValueError(f"unknown grader mode {mode!r}; expected one of {harness.MODES}")
+    slot: dict[tuple[int, str], int] = {}  # (id of the problem object, completion) -> index of its first occurrence
+    first = [slot.setdefault((id(p), c), i) for i, (p, c) in enumerate(zip(problems, completions))]
+    uniq = sorted(set(first))
     req = _Requests(timeout_s)
-    plans = [_plan(p, c, mode, req) for p, c in zip(problems, completions)]
+    plans = {i: _plan(problems[i], completions[i], mode, req) for i in uniq}
     raw = sandbox.run(req.specs, progress=progress)
     outs = req.outcomes(raw)
-    return [
-        _assemble_loophole(p, plan, outs, raw) if modes.mode_of(p) else _assemble(p, plan, outs)
-        for p, plan in zip(problems, plans)
-    ]
+    grades = {i: _assemble_loophole(problems[i], plans[i], outs, raw) if modes.mode_of(problems[i])
+              else _assemble(problems[i], plans[i], outs) for i in uniq}  # fmt: skip
+    return [grades[i] for i in first]
 
 
 def _assemble(p: Problem, plan: _Plan, outs: list[harness.ExecOutcome]) -> Grade:

@@ -40,7 +40,7 @@ def build_pool(teacher, tok, records: list[Problem], n_per_prompt: int, temperat
     """Sample and grade `n_per_prompt` teacher completions for every training record."""
     prompts = [render_prompt(tok, list(r.prompt)) for r in records]
     ro = generate(teacher, tok, prompts, group_size=n_per_prompt, max_new_tokens=max_new_tokens,
-                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size)  # fmt: skip
+                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True)  # fmt: skip
     recs = [r for r in records for _ in range(n_per_prompt)]
     grades = grade_batch(recs, ro.texts, sandbox, timeout_s=timeout_s, progress=True)
     return [
