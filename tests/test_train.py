@@ -74,8 +74,8 @@ def tiny_params(projection: dict | None = None, basis: dict | None = None, **grp
     p = Params()
     return dataclasses.replace(
         p, model=dataclasses.replace(p.model, name="tiny-random"),
-        grpo=dataclasses.replace(p.grpo, steps=3, prompts_per_step=2, group_size=4, micro_batch=4, save_every=1,
-                                 threads=1, lr=0.05, **grpo),
+        grpo=dataclasses.replace(p.grpo, **{**dict(steps=3, prompts_per_step=2, group_size=4, micro_batch=4,
+                                                   save_every=1, threads=1, lr=0.05), **grpo}),
         rollout=dataclasses.replace(p.rollout, max_new_tokens=12, max_prompt_tokens=4000),
         projection=dataclasses.replace(p.projection, recal_every=2, token_window=3, **(projection or {})),
         basis=dataclasses.replace(p.basis, k=2, tau=0.0, alpha_sig=0.99, n_flips=50, drop_bottom_frac=0.0, seed=0,
@@ -333,6 +333,62 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     s_loop = pool_completion(hid["h"], Tp, cm).float() @ v  # (n,)
     s_ref = pooled_activations(m, tok, recs, texts, layer).float() @ v
     torch.testing.assert_close(s_loop, s_ref, atol=1e-5, rtol=1e-4)
+
+
+# --- grpo.share_prompt: each distinct prompt once in the loss forwards -------------------------------------------------
+
+
+def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
+    """`shared_prompt_logprobs` (prompt once per group, KV cache gathered to the rows) gives the per-row forward's
+    completion log-probs and, through the backward, its δS gradient: on left-padded prompts of different lengths,
+    completions of different lengths, and micro-batches that split a group."""
+    from projected_grpo.logprobs import rollout_logprobs, shared_prompt_logprobs
+    from projected_grpo.model import render_prompt
+    from projected_grpo.rollout import generate, group_runs
+
+    tok = world["tok"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(70 + i)))
+    recs = world["records"][:3]
+    ro = generate(m, tok, [render_prompt(tok, list(q.prompt)) for q in recs], 3, 12, 1.0, 1.0, seed=5)
+    for i, n in enumerate([12, 5, 9, 3, 12, 7, 1, 10, 4]):  # rows end at different lengths (an EOS's right padding)
+        ro.mask[i, n:], ro.completion_ids[i, n:] = 0, tok.pad_token_id
+    assert len(set(ro.prompt_mask.sum(1).tolist())) == 3
+    for sl in (slice(0, 9), slice(2, 6), slice(5, 9)):  # whole batch; a split group on each side
+        pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+        w = torch.linspace(-1.0, 1.0, pi.shape[0])[:, None]  # rows weigh differently, signs mixed
+
+        def fwd_bwd(fn):
+            m.zero_grad(set_to_none=True)
+            lp = fn()
+            (torch.where(cm.bool(), lp, 0.0) * w).sum().backward()
+            return lp.detach(), torch.cat([a.delta.grad.flatten() for a in adapters(m).values()])
+
+        lp0, g0 = fwd_bwd(lambda: rollout_logprobs(m, pi, pm, ci, cm, 0.7))
+        lp1, g1 = fwd_bwd(lambda: shared_prompt_logprobs(m, pi, pm, ci, cm, 0.7, *group_runs(pi, pm)))
+        assert group_runs(pi, pm)[0].numel() < pi.shape[0], "the slice must share prompts"
+        keep = cm.bool()
+        torch.testing.assert_close(lp1[keep], lp0[keep], atol=1e-5, rtol=1e-5)
+        assert lp1.shape == lp0.shape and bool(torch.isfinite(lp1).all())
+        torch.testing.assert_close(g1, g0, atol=1e-6, rtol=1e-4)
+        assert float(g0.norm()) > 0
+
+
+@pytest.mark.parametrize("arm", ["vanilla", "erase_one_sided", "route_per_rollout"])
+def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
+    """Whole GRPO runs with grpo.share_prompt on and off reach the same adapters up to float rounding (vanilla and
+    erase share the policy forward, route_per_rollout only the reference forward); the sampled rollouts agree, so
+    every logged reward is equal. β is large so that the reference forward weighs in the gradient."""
+    off = run(world, arm, tmp_path / "off", p=tiny_params(share_prompt=False, micro_batch=6, beta=0.5))  # splits groups
+    on = run(world, arm, tmp_path / "on", p=tiny_params(share_prompt=True, micro_batch=6, beta=0.5))
+    assert log_column(tmp_path / "off", "reward") == log_column(tmp_path / "on", "reward")
+    for n in off:
+        for x, y in zip(off[n], on[n]):
+            torch.testing.assert_close(y, x, atol=1e-6, rtol=1e-4)
+    assert any(float(d.abs().max()) > 0 for d, _ in on.values())
 
 
 def test_teacher_pool_mix(world, tmp_path):

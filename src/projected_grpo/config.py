@@ -271,6 +271,9 @@ class GRPOParams:
     save_every: int = 10
     # CPU threads for training (results are deterministic for a fixed thread count).
     threads: int = 2
+    # Run each distinct prompt once in the loss forwards (its KV cache shared by the group's rows); equal to the
+    # per-row forward up to float rounding. Per-rollout/per-token routing keeps per-row policy forwards.
+    share_prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.group_size < 2:

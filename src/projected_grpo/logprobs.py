@@ -58,3 +58,30 @@ def rollout_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_
     Tp = prompt_ids.shape[1]
     logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits[:, Tp - 1 : -1]  # (B, T, V)
     return token_logprobs(logits, completion_ids, temperature)
+
+
+def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, mask: Tensor,
+                           temperature: float, first: Tensor, owner: Tensor) -> Tensor:  # fmt: skip
+    """`rollout_logprobs` with each distinct prompt run once: (B, T) log-probs, the same numbers up to float rounding.
+
+    `first` (U,) is the first row of each distinct prompt and `owner` (B,) each row's prompt (`rollout.group_runs`).
+    The U prompts run in one forward (cache on, last-position logits only); their KV cache is indexed out to the B rows
+    (a gather, so gradients from every row of a group sum back into the shared prompt activations, exactly as the
+    chain rule sums them over the B identical prompt copies of `rollout_logprobs`); the completions then run on top.
+    GRPO prompts are ~8× longer than completions on the organism, so a group of G rows costs about one prompt instead of
+    G. Rows are not separable through the shared prompt: per-rollout gradient probes need `rollout_logprobs`."""
+    T = completion_ids.shape[1]
+    t = max(1, int(mask.sum(-1).max()))  # columns past every row's EOS are padding: not run, their log-probs are 0
+    completion_ids, mask = completion_ids[:, :t], mask[:, :t]
+    ids_u, am_u = prompt_ids[first], prompt_mask[first]  # (U, Tp)
+    att = torch.cat([prompt_mask, mask], dim=1)  # (B, Tp + t); tokens after EOS are masked out
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    Tp = prompt_ids.shape[1]
+    out = model(input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    for layer in cache.layers:  # (U, h, Tp, d) -> (B, h, Tp, d)
+        layer.keys, layer.values = layer.keys[owner], layer.values[owner]
+    tail = model(input_ids=completion_ids, attention_mask=att, position_ids=pos[:, Tp:], past_key_values=cache,
+                 use_cache=False).logits  # (B, T, V): position t predicts token t + 1
+    logits = torch.cat([out.logits[owner], tail[:, :-1]], dim=1)  # (B, t, V): token 0 from the prompt's last position
+    return F.pad(token_logprobs(logits, completion_ids, temperature), (0, T - t))  # (B, T)

@@ -21,7 +21,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,14 +46,15 @@ from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_
 from projected_grpo.grader import grade_batch
 from projected_grpo.grpo_loss import group_advantages, grpo_loss
 from projected_grpo.log import StepLog
-from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll, rollout_logprobs
+from projected_grpo.logprobs import (batch_sequences, completion_logprobs, mean_nll, rollout_logprobs,
+                                    shared_prompt_logprobs)
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.optim import RotatedAdam
 from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow, draw, pad_ids
 from projected_grpo.rewards import CORRECTNESS_REWARD, gt_only
-from projected_grpo.rollout import Rollout, check_records_fit, generate
+from projected_grpo.rollout import Rollout, check_records_fit, generate, group_runs
 
 GATED = ("route_per_rollout", "route_per_token")  # arms whose gate is calibrated on held-out pairs
 
@@ -304,6 +305,10 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         raise ValueError(f"basis.space=act needs v_act extracted at basis.act_layer={act_layer} (act.safetensors from "
                          "the basis stage; re-run it after changing act_layer)")  # fmt: skip
     per_token = arm.edit == "route_per_token"
+    # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
+    # reference forward always can; the policy forward only where no per-row signal is read through the prompt (the
+    # per-rollout probes, per-token capture and the activation gate need every row's own prompt copy).
+    shared_policy = g.share_prompt and arm.edit not in ("route_per_rollout", "route_per_token") and act_layer is None
     check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
 
     # The current basis (None for basis-free arms): the stage's, or after a refresh the re-extracted one.
@@ -388,13 +393,20 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         for s in range(0, N, g.micro_batch):
             sl = slice(s, min(N, s + g.micro_batch))
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+            runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
+
+            def logprobs(shared: bool) -> Tensor:  # (b, T)
+                if shared:
+                    return shared_prompt_logprobs(model, pi, pm, ci, cm, r.temperature, *runs)
+                return rollout_logprobs(model, pi, pm, ci, cm, r.temperature)
+
             ref = None
             if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
                 with torch.no_grad(), adapters_disabled(model):
-                    ref = rollout_logprobs(model, pi, pm, ci, cm, r.temperature)
-            with probes(model, pi.shape[0]) as es, token_capture(model, dirs) as caps, \
+                    ref = logprobs(g.share_prompt)
+            with nullcontext({}) if shared_policy else probes(model, pi.shape[0]) as es, token_capture(model, dirs) as caps, \
                     residual_capture(model, act_layer) as hid:  # fmt: skip
-                logp = rollout_logprobs(model, pi, pm, ci, cm, r.temperature)  # (b, T)
+                logp = logprobs(shared_policy)  # (b, T)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
                 loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high, g.beta,
                                     l_max, n_rows=N)  # fmt: skip
@@ -411,7 +423,8 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                 pooled.append(pool_completion(hid["h"], Tp, cm))
             w = pi.shape[0] / N
             stats = {key: stats[key] + w * m[key] for key in stats}
-        gs = {n: torch.cat(per_sample[n]) for n in names}  # (N, D_m) per-rollout gradients, Σ_n = δS.grad
+        # (N, D_m) per-rollout gradients, Σ_n = δS.grad (only the arms that read them run the probes)
+        gs = {n: torch.cat(per_sample[n]) for n in names if per_sample[n]}
         graw = {n: ads[n].delta.grad.detach().clone() for n in names}  # (D_m,) raw g (δS_h.grad is the same)
 
         # ---- gates from held-out calibration only (never labels or grades: no-cheat) ------------------------------
