@@ -130,6 +130,36 @@ def tiny_eval(tmp_path_factory):
     return tmp, params, problems, out
 
 
+def test_sample_and_score_grades_while_sampling_as_one_batch(tiny_eval, monkeypatch):
+    """Grading each chunk while the next one samples gives the texts and grades of sampling everything first and
+    grading it in one grade_batch call (chunks of 3 rows split groups of 2): with the real sandbox, and with a grader
+    that echoes (record object, completion), so every grade is checked to belong to its own row."""
+    from projected_grpo import grader
+    from projected_grpo.config import load_params
+    from projected_grpo.grader import grade_batch
+    from projected_grpo.model import render_prompt
+    from projected_grpo.problems import load_problems_parquet
+    from projected_grpo.rollout import generate
+    from projected_grpo.sandbox import Sandbox
+
+    _, params, problems, _ = tiny_eval
+    p = load_params(params)
+    recs = ev.select_records(load_problems_parquet(problems / "test.parquet"), None, ("train",))[:5]
+    model, tok = ev.load_policy(p, problems / "none")
+    kw = dict(temperature=0.7, top_p=1.0, max_new_tokens=8, seed=3, batch_size=3)
+    with Sandbox(concurrency=2) as sb:
+        got = ev.sample_and_score(model, tok, recs, 2, sandbox=sb, grader_mode="hardened", timeout_s=5.0, **kw)
+        ro = generate(model, tok, [render_prompt(tok, list(r.prompt)) for r in recs], 2, **kw)
+        rows = [r for r in recs for _ in range(2)]
+        want = grade_batch(rows, ro.texts, sb, mode="hardened", timeout_s=5.0)
+    assert [s.completion for s in got] == ro.texts and [s.grade for s in got] == want
+    assert [s.record.id for s in got] == [r.id for r in rows]
+    echo_grades = lambda probs, texts, sandbox, **k: [(id(q), t) for q, t in zip(probs, texts)]  # noqa: E731
+    monkeypatch.setattr(grader, "grade_batch", echo_grades)
+    echo = ev.sample_and_score(model, tok, recs, 2, sandbox=None, grader_mode="hardened", timeout_s=5.0, **kw)
+    assert [s.grade for s in echo] == [(id(r), t) for r, t in zip(rows, ro.texts)]  # the row's own record object
+
+
 def test_eval_sets_freezes_a_stratified_monitor_and_scores_the_base(tiny_eval):
     _, _, _, out = tiny_eval
     mon, base = json.loads((out / "monitor.json").read_text()), json.loads((out / "base.json").read_text())

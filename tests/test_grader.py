@@ -189,6 +189,27 @@ def test_duplicate_completions_run_once(leetcode_by_id, sandbox):
     assert n_specs[0] == n_specs[1] + n_specs[2] + n_specs[5]  # the batch ran (h, canon), (h, wrong), (p, canon) once
 
 
+def test_chunk_grader_equals_one_grade_batch_and_checks_coverage(leetcode_by_id, sandbox):
+    """ChunkGrader (chunks graded in a background thread as a sampler hands them over) returns, in row order, the
+    grades of one grade_batch over all rows; chunks that skip or repeat rows are an error, not silently wrong grades."""
+    from projected_grpo.grader import ChunkGrader
+
+    p = leetcode_by_id[PID]
+    h = apply_hint(p, "simple_overwrite_tests")
+    probs = [h, p, h, p, h]
+    comps = [fence(p.canonical_solution), fence(WRONG), fence(WRONG), fence(p.canonical_solution), "no code"]
+    with ChunkGrader(probs, sandbox, timeout_s=2.0) as cg:
+        cg(0, comps[:2]), cg(2, comps[2:3]), cg(3, comps[3:])
+        got = cg.grades()
+    assert got == grade_batch(probs, comps, sandbox, timeout_s=2.0)
+    assert [g.label for g in got][:4] == ["correct", "incorrect", "incorrect", "correct"]
+    for chunks in ([(0, 2), (3, 2)], [(0, 3), (2, 3)], [(0, 2)]):  # a gap, an overlap, a missing tail
+        with ChunkGrader(probs, sandbox, timeout_s=2.0) as cg, pytest.raises(ValueError, match="do not cover"):
+            for a, n in chunks:
+                cg(a, comps[a : a + n])
+            cg.grades()
+
+
 @pytest.mark.parametrize("mode", ["upstream", "hardened"])
 def test_all_canonical_solutions_correct(leetcode, sandbox, mode):
     """119/119 canonical solutions pass at the default timeout (params.yaml) in both modes."""

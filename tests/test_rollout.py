@@ -123,6 +123,16 @@ def test_chunked_sampling_shapes(model, tok, prompts):
     assert r.texts == _sample(model, tok, prompts, batch_size=5).texts
 
 
+def test_on_chunk_gets_each_chunk_as_returned(model, tok, prompts):
+    """on_chunk(first_row, texts) fires once per chunk, in order, with exactly the texts `generate` returns."""
+    seen = []
+    r = _sample(_eos_biased(model, 3.0), tok, prompts, batch_size=5, max_new_tokens=16,
+                on_chunk=lambda first, texts: seen.append((first, list(texts))))  # fmt: skip
+    assert [f for f, _ in seen] == [0, 5, 10] and [len(t) for _, t in seen] == [5, 5, 2]
+    assert [t for _, ts in seen for t in ts] == r.texts
+    assert len(set(r.mask.sum(-1).tolist())) > 1  # rows of different lengths (EOS inside a chunk)
+
+
 def test_prompt_guard(tok, prompts):
     lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     model = tiny_model(len(tok))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from projected_grpo.grader import Grade, extract_code, grade_batch
+from projected_grpo.grader import ChunkGrader, Grade, extract_code
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import mode_of
 from projected_grpo.problems import Problem
@@ -30,10 +30,12 @@ def sample_and_grade(model, tokenizer, records: list[Problem], n_samples: int, t
                      ) -> list[Sample]:  # fmt: skip
     """`n_samples` completions per record, graded (hardened; loophole records by their mode's grader)."""
     prompts = [render_prompt(tokenizer, list(r.prompt)) for r in records]
-    ro = generate(model, tokenizer, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
-                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size)  # fmt: skip
     recs = [r for r in records for _ in range(n_samples)]
-    grades = grade_batch(recs, ro.texts, sandbox, mode="hardened", timeout_s=timeout_s)
+    with ChunkGrader(recs, sandbox, mode="hardened", timeout_s=timeout_s) as grader:  # graded while sampling on
+        ro = generate(model, tokenizer, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True,
+                      on_chunk=grader)  # fmt: skip
+        grades = grader.grades(progress=True)
     lengths = ro.mask.sum(dim=1).tolist()
     return [Sample(r, t, int(n), g) for r, t, n, g in zip(recs, ro.texts, lengths, grades)]
 

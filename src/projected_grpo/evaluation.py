@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from projected_grpo.adapter import Adapter, adapters, knob_disabled
-from projected_grpo.grader import Grade, extract_code, grade_batch
+from projected_grpo.grader import ChunkGrader, Grade, extract_code
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.problems import Problem
@@ -52,13 +52,15 @@ def select_records(records: list[Problem], ids: set[int] | None, surfaces: tuple
 def sample_and_score(model, tok, records: list[Problem], n_samples: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, batch_size: int, sandbox, grader_mode: str, timeout_s: float,
                      max_prompt_tokens: int | None = None) -> list[Scored]:  # fmt: skip
-    """`n_samples` completions per record in batches of `batch_size` rows, graded in parallel by the sandbox."""
+    """`n_samples` completions per record in batches of `batch_size` rows, each batch graded by the sandbox while the
+    next one samples (grader.ChunkGrader)."""
     prompts = [render_prompt(tok, list(r.prompt)) for r in records]
-    ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                  top_p=top_p, seed=seed, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
-                  progress=True)  # fmt: skip
     recs = [r for r in records for _ in range(n_samples)]
-    grades = grade_batch(recs, ro.texts, sandbox, mode=grader_mode, timeout_s=timeout_s, progress=True)
+    with ChunkGrader(recs, sandbox, mode=grader_mode, timeout_s=timeout_s) as grader:
+        ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
+                      max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
+        grades = grader.grades(progress=True)
     return [Scored(r, t, g) for r, t, g in zip(recs, ro.texts, grades)]
 
 

@@ -10,6 +10,7 @@ import ast
 import json
 import re
 import secrets
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,6 +240,40 @@ def grade_batch(
     grades = {i: _assemble_loophole(problems[i], plans[i], outs, raw) if modes.mode_of(problems[i])
               else _assemble(problems[i], plans[i], outs) for i in uniq}  # fmt: skip
     return [grades[i] for i in first]
+
+
+class ChunkGrader:
+    """Grades a sampler's chunks as they arrive (`rollout.generate(on_chunk=grader)`): each chunk goes to
+    `grade_batch` in a background thread while the next one samples, so the sandbox's executions overlap the model's
+    decoding. `grades()` returns them in row order: the grades of one `grade_batch` over all rows, since a grade
+    depends only on its (problem, completion). Use as a context manager (the thread is joined on exit)."""
+
+    def __init__(self, problems: list[Problem], sandbox: Sandbox, **kw) -> None:
+        self.problems, self.sandbox, self.kw = problems, sandbox, kw  # kw: grade_batch's mode, timeout_s
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.futs: list[tuple[int, int, Future]] = []
+
+    def __call__(self, first: int, texts: list[str]) -> None:
+        rows = self.problems[first : first + len(texts)]
+        self.futs.append((first, len(texts), self.pool.submit(grade_batch, rows, list(texts), self.sandbox,
+                                                               **self.kw)))  # fmt: skip
+
+    def grades(self, progress: bool = False) -> list[Grade]:
+        """Every row's grade, in order; raises if the chunks did not cover the problems exactly once."""
+        from tqdm import tqdm
+
+        spans = [(a, n) for a, n, _ in self.futs]
+        if [a for a, _ in spans] != [sum(n for _, n in spans[:i]) for i in range(len(spans))] or sum(
+                n for _, n in spans) != len(self.problems):  # fmt: skip
+            raise ValueError(f"chunks {spans} do not cover the {len(self.problems)} rows in order")
+        return [g for _, _, f in tqdm(self.futs, desc="grading", unit="chunk", disable=not progress)
+                for g in f.result()]  # fmt: skip
+
+    def __enter__(self) -> ChunkGrader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _assemble(p: Problem, plan: _Plan, outs: list[harness.ExecOutcome]) -> Grade:

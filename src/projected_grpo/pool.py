@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from projected_grpo.grader import grade_batch
+from projected_grpo.grader import ChunkGrader
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import mode_of
 from projected_grpo.problems import Problem
@@ -39,10 +39,12 @@ def build_pool(teacher, tok, records: list[Problem], n_per_prompt: int, temperat
                ) -> list[PoolRow]:  # fmt: skip
     """Sample and grade `n_per_prompt` teacher completions for every training record."""
     prompts = [render_prompt(tok, list(r.prompt)) for r in records]
-    ro = generate(teacher, tok, prompts, group_size=n_per_prompt, max_new_tokens=max_new_tokens,
-                  temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True)  # fmt: skip
     recs = [r for r in records for _ in range(n_per_prompt)]
-    grades = grade_batch(recs, ro.texts, sandbox, timeout_s=timeout_s, progress=True)
+    with ChunkGrader(recs, sandbox, timeout_s=timeout_s) as grader:  # each chunk graded while the next one samples
+        ro = generate(teacher, tok, prompts, group_size=n_per_prompt, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True,
+                      on_chunk=grader)  # fmt: skip
+        grades = grader.grades(progress=True)
     return [
         PoolRow(r.id, mode_of(r), t, tuple(ids[m.bool()].tolist()), g.reward, g.label, g.eq_correct)
         for r, t, ids, m, g in zip(recs, ro.texts, ro.completion_ids, ro.mask, grades)

@@ -15,6 +15,7 @@ tests/test_rollout.py checks token-for-token equality with HF `generate` (engine
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,13 @@ def check_records_fit(model, tokenizer, records: list, max_new_tokens: int, max_
                          max_prompt_tokens, names=names)  # fmt: skip
 
 
+def decode_rows(tokenizer, ids: Tensor, produced: Tensor, eos_ids: list[int]) -> list[str]:
+    """(b, T) sampled ids and the positions actually generated -> each row's text up to and including its first EOS
+    (special tokens skipped)."""
+    mask = completion_mask(ids, produced, eos_ids)
+    return [tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+
+
 def completion_mask(ids: Tensor, produced: Tensor, eos_ids: list[int]) -> Tensor:
     """(B, T) ids, (B, T) bool generated-here -> (B, T) long mask: 1 up to and including the first EOS."""
     is_eos = torch.isin(ids, torch.tensor(eos_ids, device=ids.device)) & produced  # (B, T)
@@ -96,6 +104,7 @@ def generate(
     model, tokenizer, prompt_texts: list[str], group_size: int, max_new_tokens: int, temperature: float,
     top_p: float, seed: int, batch_size: int | None = None, max_prompt_tokens: int | None = None,
     use_cache: bool = True, engine: str = "shared", progress: bool = False,
+    on_chunk: Callable[[int, list[str]], None] | None = None,
 ) -> Rollout:  # fmt: skip
     """Sample `group_size` completions per rendered prompt string; B = len(prompt_texts)·group_size rows.
 
@@ -113,6 +122,8 @@ def generate(
         engine: "shared" (`sample_chunk`: shared prefill, finished rows dropped) or "hf" (`model.generate`, the
             reference it matches token for token).
         progress: a progress bar over the batch_size chunks (long generations: the pool, evaluations).
+        on_chunk: called as on_chunk(first_row, texts) as soon as a chunk is sampled, with the decoded texts of its
+            rows (the same strings as the returned `texts`), e.g. to grade them while the next chunk samples.
     """
     if engine not in ("shared", "hf"):
         raise ValueError(f"engine must be 'shared' or 'hf', got {engine!r}")
@@ -159,6 +170,9 @@ def generate(
                 chunks.append(out[:, ids.shape[1] :].cpu())
             else:
                 chunks.append(sample_chunk(model, ids, am, eos_ids, pad_id, max_new_tokens, temperature, top_p).cpu())
+            if on_chunk is not None:
+                on_chunk(s, decode_rows(tokenizer, chunks[-1], torch.ones_like(chunks[-1], dtype=torch.bool),
+                                        eos_ids))  # fmt: skip
 
     # --- right-pad completions to T; mask = real tokens up to and including the first EOS ---
     T = max(c.shape[1] for c in chunks)
@@ -171,10 +185,7 @@ def generate(
         s += len(c)
     mask = completion_mask(completion_ids, produced, eos_ids)  # (B, T)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
-
-    texts = [
-        tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=True) for row, m in zip(completion_ids, mask)
-    ]
+    texts = decode_rows(tokenizer, completion_ids, produced, eos_ids)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids, mask=mask,
                    texts=texts)  # fmt: skip
 
