@@ -32,24 +32,28 @@ import typer
 import yaml
 
 from projected_grpo.arms import get_arm
-from projected_grpo.config import load_params
+from projected_grpo.config import load_params, overlay
 from projected_grpo.log import read_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def apply_overrides(params: dict, overrides: list[str]) -> dict:
-    """`a.b=value` -> params[a][b] = yaml(value); unknown keys are rejected later by load_params."""
-    out = json.loads(json.dumps(params))
+    """`a.b=value` -> params with params[a][b] = yaml(value) (config.overlay: a key params.yaml lacks is an error)."""
+    over: dict = {}
     for o in overrides:
-        key, _, value = o.partition("=")
-        if not key or not _:
+        key, eq, value = o.partition("=")
+        if not key or not eq:
             raise typer.BadParameter(f"override {o!r}: write section.key=value")
-        node, parts = out, key.split(".")
-        for k in parts[:-1]:
+        *parents, leaf = key.split(".")
+        node = over
+        for k in parents:
             node = node.setdefault(k, {})
-        node[parts[-1]] = yaml.safe_load(value)
-    return out
+        node[leaf] = yaml.safe_load(value)
+    try:
+        return overlay(params, over)
+    except KeyError as e:
+        raise typer.BadParameter(str(e.args[0])) from None
 
 
 def parse_variant(v: str) -> list[str]:

@@ -262,9 +262,10 @@ class ChunkGrader:
         """Every row's grade, in order; raises if the chunks did not cover the problems exactly once."""
         from tqdm import tqdm
 
-        spans = [(a, n) for a, n, _ in self.futs]
-        if [a for a, _ in spans] != [sum(n for _, n in spans[:i]) for i in range(len(spans))] or sum(
-                n for _, n in spans) != len(self.problems):  # fmt: skip
+        spans, end = [(a, n) for a, n, _ in self.futs], 0
+        for a, n in spans:  # each chunk starts where the previous one ended, the last ends at the last row
+            end = end + n if a == end else -1
+        if end != len(self.problems):
             raise ValueError(f"chunks {spans} do not cover the {len(self.problems)} rows in order")
         return [g for _, _, f in tqdm(self.futs, desc="grading", unit="chunk", disable=not progress)
                 for g in f.result()]  # fmt: skip

@@ -46,8 +46,13 @@ from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_
 from projected_grpo.grader import grade_batch
 from projected_grpo.grpo_loss import group_advantages, grpo_loss
 from projected_grpo.log import StepLog
-from projected_grpo.logprobs import (batch_sequences, completion_logprobs, mean_nll, rollout_logprobs,
-                                    shared_prompt_logprobs)
+from projected_grpo.logprobs import (
+    batch_sequences,
+    completion_logprobs,
+    mean_nll,
+    rollout_logprobs,
+    shared_prompt_logprobs,
+)
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.optim import RotatedAdam
@@ -120,6 +125,15 @@ def mixed_rollout(model, tok, recs, G: int, n_pool: int, pool, rng: random.Rando
     idx = torch.tensor(src)
     return Rollout(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask,
                    texts=texts), is_student  # fmt: skip
+
+
+def loss_logprobs(model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float,
+                  runs: tuple[Tensor, Tensor] | None) -> Tensor:  # fmt: skip
+    """(b, T) completion log-probs of a micro-batch: each distinct prompt once when `runs` = rollout.group_runs(pi, pm)
+    (grpo.share_prompt), else one forward per row (what per-row probes need)."""
+    if runs is not None:
+        return shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, *runs)
+    return rollout_logprobs(model, pi, pm, ci, cm, temperature)
 
 
 def step_rewards(grades, arm: Arm, accuracy: float, rng: random.Random) -> Tensor:
@@ -394,19 +408,13 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             sl = slice(s, min(N, s + g.micro_batch))
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
             runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
-
-            def logprobs(shared: bool) -> Tensor:  # (b, T)
-                if shared:
-                    return shared_prompt_logprobs(model, pi, pm, ci, cm, r.temperature, *runs)
-                return rollout_logprobs(model, pi, pm, ci, cm, r.temperature)
-
             ref = None
             if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
                 with torch.no_grad(), adapters_disabled(model):
-                    ref = logprobs(g.share_prompt)
-            with nullcontext({}) if shared_policy else probes(model, pi.shape[0]) as es, token_capture(model, dirs) as caps, \
-                    residual_capture(model, act_layer) as hid:  # fmt: skip
-                logp = logprobs(shared_policy)  # (b, T)
+                    ref = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs)
+            probe = nullcontext({}) if shared_policy else probes(model, pi.shape[0])
+            with probe as es, token_capture(model, dirs) as caps, residual_capture(model, act_layer) as hid:
+                logp = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs if shared_policy else None)  # (b, T)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
                 loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high, g.beta,
                                     l_max, n_rows=N)  # fmt: skip
