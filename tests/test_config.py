@@ -117,3 +117,22 @@ def test_exponent_floats_written_by_dvc_are_read_as_numbers(tmp_path):
     apply_overrides(params, ["grpo.lr=fast"])
     with pytest.raises(ValueError, match="grpo.lr must be a number, got 'fast'"):
         load_params(params)
+
+
+@pytest.mark.parametrize(
+    ("over", "msg"),
+    [
+        ({"grpo": {"steps": "many"}}, "grpo.steps must be an integer, got 'many'"),
+        ({"grpo": {"steps": 2.5}}, "grpo.steps must be an integer, got 2.5"),
+        ({"grpo": {"share_prompt": 1}}, "grpo.share_prompt must be true or false, got 1"),
+        ({"grpo": {"betas": [0.9, "x"]}}, r"grpo.betas\[1\] must be a number, got 'x'"),
+        ({"seeds": "41"}, "seeds must be a list, got '41'"),
+        ({"basis": {"pairset": 3}}, "basis.pairset must be a string, got 3"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_clear_error(over, msg):
+    """`dvc exp run -S grpo.steps=many` must name the key, not end in a TypeError deep in validation."""
+    from projected_grpo.config import overlay
+
+    with pytest.raises(ValueError, match=msg):
+        from_dict(Params, overlay(yaml.safe_load((ROOT / "params.yaml").read_text()), over))

@@ -510,8 +510,11 @@ def _convert(tp: Any, v: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, v, path)
     origin = typing.get_origin(tp)
-    if origin is tuple and isinstance(v, list | tuple):
-        return tuple(v)
+    if origin is tuple:
+        if not isinstance(v, list | tuple):
+            raise ValueError(f"{path} must be a list, got {v!r}")
+        (elem, _) = typing.get_args(tp)  # every tuple field is tuple[X, ...]
+        return tuple(_convert(elem, x, f"{path}[{i}]") for i, x in enumerate(v))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if v is None or (isinstance(v, str) and str in args):
@@ -526,6 +529,14 @@ def _convert(tp: Any, v: Any, path: str) -> Any:
             return float(v)
         except ValueError:
             raise ValueError(f"{path} must be a number, got {v!r}") from None
+    if tp is float and not isinstance(v, float):
+        raise ValueError(f"{path} must be a number, got {v!r}")
+    if tp is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise ValueError(f"{path} must be an integer, got {v!r}")
+    if tp is bool and not isinstance(v, bool):
+        raise ValueError(f"{path} must be true or false, got {v!r}")
+    if tp is str and not isinstance(v, str):
+        raise ValueError(f"{path} must be a string, got {v!r}")
     return v
 
 

@@ -267,6 +267,7 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
     return L + ["", provenance(srcs)]
 
 
+# (question, the `dvc exp run` arguments that answer it): --queue sweeps run with `dvc queue start`.
 EXPERIMENTS = (
     ("Does the teacher pool drive hacking?", "--queue -S 'pool.mix=0,0.5'"),
     ("SVD top-k vs mean-diff vs random basis", "--queue -S 'basis.method=mean_diff,random'"),
@@ -287,7 +288,7 @@ def experiments_section() -> list[str]:
          "| question | sweep |", "|---|---|"]  # fmt: skip
     return (
         L
-        + [f"| {q} | `dvc exp run -S {s}` |" for q, s in EXPERIMENTS]
+        + [f"| {q} | `dvc exp run {s}` |" for q, s in EXPERIMENTS]
         + ["", "<!-- sources: none (sweeps, no numbers) -->"]
     )
 

@@ -1,0 +1,91 @@
+"""Every `dvc` command the README and `reports/results.md` print runs as printed.
+
+Each one goes through DVC's own argument parser; each `dvc exp run` also has its `-S` overrides (sweeps expanded the
+way DVC expands them) applied to a copy of params.yaml and validated by `load_params`, so a misspelt key fails here
+and not an hour into a queued sweep.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+
+import pytest
+from dvc.cli import DvcParserError, parse_args
+from dvc.utils.hydra import apply_overrides, get_hydra_sweeps
+
+from projected_grpo import results
+from projected_grpo.config import load_params, override_args
+from tests.conftest import ROOT
+
+QWEN = "$(python -m projected_grpo.config overrides params-qwen3-4b.yaml)"
+
+
+def _code_block_commands(text: str) -> list[str]:
+    """`dvc …` invocations in ```bash blocks: comments dropped, the `dvc` part of a pipeline, xargs' stage filled in."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            for part in re.split(r"\s\|\s", line):
+                part = part.strip()
+                if part.startswith("xargs") and " dvc " in part:
+                    out.append(part[part.index("dvc ") :] + " train@vanilla-41")
+                elif part.startswith("dvc "):
+                    out.append(part)
+    return out
+
+
+def _inline_exp_runs(text: str) -> list[str]:
+    """Inline `dvc exp run …` commands, placeholders (`<name>`, `…`) excluded."""
+    return [c for c in re.findall(r"`(dvc exp run [^`]*)`", text) if "<" not in c and "…" not in c]
+
+
+def printed_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    res = (ROOT / "reports" / "results.md").read_text()
+    generated = "\n".join(results.experiments_section())
+    cmds = _code_block_commands(readme) + _inline_exp_runs(readme) + _inline_exp_runs(res)
+    return cmds + _inline_exp_runs(generated)
+
+
+def _argv(cmd: str) -> list[str]:
+    if QWEN in cmd:
+        cmd = cmd.replace(QWEN, shlex.join(override_args(ROOT / "params-qwen3-4b.yaml", ROOT / "params.yaml")))
+    argv = shlex.split(cmd)
+    assert argv[0] == "dvc", cmd
+    return argv[1:]
+
+
+def test_every_printed_command_is_found():
+    cmds = printed_commands()
+    # the experiments table of results.md, its generator, the README's blocks (repro, exp, queue, remote, push)
+    assert sum("dvc exp run --queue" in c for c in cmds) >= 8
+    assert any(c.startswith("dvc exp show") for c in cmds) and any("repro -s train@" in c for c in cmds)
+    assert any(QWEN in c for c in cmds)
+
+
+@pytest.mark.parametrize("cmd", printed_commands())
+def test_printed_command_parses_and_its_overrides_validate(cmd, tmp_path):
+    try:
+        args = parse_args(_argv(cmd))
+    except DvcParserError:
+        pytest.fail(f"DVC rejects the printed command: {cmd}")
+    for sweep in get_hydra_sweeps({"params.yaml": getattr(args, "set_param", None) or []}):
+        params = tmp_path / "params.yaml"
+        shutil.copy(ROOT / "params.yaml", params)
+        apply_overrides(params, sweep["params.yaml"])
+        load_params(params)  # raises on an unknown key or a bad value
+
+
+def test_a_misprinted_command_fails_here(tmp_path):
+    with pytest.raises(DvcParserError):
+        parse_args(_argv("dvc exp run -S --queue -S 'pool.mix=0,0.5'"))
+    params = tmp_path / "params.yaml"
+    shutil.copy(ROOT / "params.yaml", params)
+    with pytest.raises(Exception, match="set-param"):  # DVC itself refuses a key params.yaml lacks
+        apply_overrides(params, ["basis.pairsett=prog_wide"])
+    apply_overrides(params, ["grpo.steps=many"])
+    with pytest.raises(ValueError, match="grpo.steps"):
+        load_params(params)
