@@ -23,7 +23,7 @@ QWEN = "$(python -m projected_grpo.config overrides params-qwen3-4b.yaml)"
 
 
 def _code_block_commands(text: str) -> list[str]:
-    """`dvc …` invocations in ```bash blocks: comments dropped, the `dvc` part of a pipeline, xargs' stage filled in."""
+    """`dvc …` calls in ```bash blocks: comments dropped, the `dvc` part of a pipeline, xargs' stage filled in."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.splitlines():

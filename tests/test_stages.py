@@ -118,13 +118,38 @@ def test_problems_stage_leetcode_train_from_test(tmp_path):
 
 
 def _imports(path: Path) -> set[str]:
-    out = set()
+    """The projected_grpo modules a file imports, in every form: `import projected_grpo.x`, `from projected_grpo
+    import x`, `from projected_grpo.x import y`, and relative `from .x import y` / `from . import x` inside the package.
+    """
+    out, package = set(), path.parent.name == "projected_grpo"
     for n in ast.walk(ast.parse(path.read_text())):
-        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("projected_grpo"):
-            out |= {a.name for a in n.names} if n.module == "projected_grpo" else {n.module.split(".")[1]}
+        if isinstance(n, ast.ImportFrom):
+            mod = n.module or ""
+            if n.level:  # relative: only the package's own modules use them
+                assert package, f"{path}: relative import outside the package"
+                mod = "projected_grpo" + (f".{mod}" if mod else "")
+            if mod == "projected_grpo":
+                out |= {a.name for a in n.names}
+            elif mod.startswith("projected_grpo."):
+                out.add(mod.split(".")[1])
         elif isinstance(n, ast.Import):
             out |= {a.name.split(".")[1] for a in n.names if a.name.startswith("projected_grpo.")}
     return out
+
+
+def test_imports_sees_every_form(tmp_path):
+    pkg = tmp_path / "projected_grpo"
+    pkg.mkdir()
+    f = pkg / "m.py"
+    f.write_text("import projected_grpo.a\nfrom projected_grpo import b\nfrom projected_grpo.c import x\n"
+                 "from .d import y\nfrom . import e\ndef f():\n    from projected_grpo.g import z\n")  # fmt: skip
+    assert _imports(f) == {"a", "b", "c", "d", "e", "g"}
+
+
+def test_package_imports_are_absolute():
+    rel = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "src" / "projected_grpo").glob("*.py"))
+           if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]  # fmt: skip
+    assert not rel, f"use absolute imports (from projected_grpo.x import ...) in {rel}"
 
 
 def test_stage_deps_list_every_imported_module():

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from .problems import CODE_SYSTEM_PROMPT, SETUP_CODE, make_question
-from .tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
+from projected_grpo.problems import CODE_SYSTEM_PROMPT, SETUP_CODE, make_question
+from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
 
 TINY_VOCAB = 512  # requested BPE size; the trained vocab may be a little smaller (small corpus)
 
