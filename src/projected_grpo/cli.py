@@ -13,6 +13,7 @@ resumes from them when the stage is re-run.
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
 import os
@@ -68,3 +69,27 @@ def stage_app(main: Callable, outputs: tuple[str, ...] = ()) -> typer.Typer:
     a = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     a.command(help=inspect.getmodule(main).__doc__)(guarded(main, outputs))
     return a
+
+
+def _main() -> None:
+    """`python -m projected_grpo.cli`: what the stage entry points are and where they live."""
+    stages = Path(__file__).resolve().parents[2] / "stages"
+    names = sorted(p.stem for p in stages.glob("*.py") if p.stem != "__init__") if stages.is_dir() else []
+    app = typer.Typer(add_completion=False, help=__doc__)
+
+    @app.command()
+    def stages_list() -> None:
+        """List the pipeline's stage scripts (one per dvc.yaml stage) with what each does; each answers
+        `PYTHONPATH=src python stages/<name>.py --help`."""
+        if not names:
+            typer.echo("no stages/ directory next to this package (installed without the repository)", err=True)
+            raise typer.Exit(1)
+        for n in names:
+            doc = ast.get_docstring(ast.parse((stages / f"{n}.py").read_text())) or ""
+            typer.echo(f"stages/{n}.py".ljust(28) + doc.split("\n")[0])
+
+    app()
+
+
+if __name__ == "__main__":
+    _main()

@@ -597,13 +597,36 @@ def override_args(over_path: Path | str, params_path: Path | str = "params.yaml"
     return [a for k, v in flat_overrides(over) for a in ("-S", f"{k}={fmt(v)}")]
 
 
-if __name__ == "__main__":  # python -m projected_grpo.config overrides FILE [PARAMS]
+def _main() -> None:
+    """`python -m projected_grpo.config overrides FILE [PARAMS]`: the `-S` arguments of an override set."""
     import shlex
-    import sys
 
-    if len(sys.argv) not in (3, 4) or sys.argv[1] != "overrides":
-        sys.exit("usage: python -m projected_grpo.config overrides OVERRIDES.yaml [params.yaml]")
-    try:
-        print(" ".join(shlex.quote(a) for a in override_args(*sys.argv[2:])))
-    except (ValueError, KeyError, OSError) as e:
-        sys.exit(f"error: {e.args[0] if isinstance(e, KeyError) else e}")
+    import typer
+
+    from projected_grpo.cli import message
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                      help="Params helpers. `overrides` turns an override set into `dvc exp run -S` arguments.")  # fmt: skip
+
+    @app.command()
+    def overrides(
+        over: Path = typer.Argument(..., help="Override set: a partial params tree, e.g. params-qwen3-4b.yaml."),
+        params: Path = typer.Argument(Path("params.yaml"), help="The params file the set applies to."),
+    ) -> None:
+        """Validate OVER merged into PARAMS and print the `-S key=value` arguments that apply it, e.g.
+        `dvc exp run -n qwen3-4b $(python -m projected_grpo.config overrides params-qwen3-4b.yaml)`."""
+        try:
+            typer.echo(" ".join(shlex.quote(a) for a in override_args(over, params)))
+        except (ValueError, KeyError, OSError) as e:
+            typer.echo(f"error: {message(e)}", err=True)
+            raise typer.Exit(2) from None
+
+    @app.callback()
+    def _group() -> None:
+        pass
+
+    app()
+
+
+if __name__ == "__main__":
+    _main()

@@ -78,10 +78,10 @@ def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, compl
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     Tp = prompt_ids.shape[1]
     out = model(input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    cache = out.cache
     for layer in cache.layers:  # (U, h, Tp, d) -> (B, h, Tp, d)
         layer.keys, layer.values = layer.keys[owner], layer.values[owner]
-    tail = model(input_ids=completion_ids, attention_mask=att, position_ids=pos[:, Tp:], past_key_values=cache,
+    tail = model(input_ids=completion_ids, attention_mask=att, position_ids=pos[:, Tp:], cache=cache,
                  use_cache=False).logits  # (B, T, V): position t predicts token t + 1
     logits = torch.cat([out.logits[owner], tail[:, :-1]], dim=1)  # (B, t, V): token 0 from the prompt's last position
     return F.pad(token_logprobs(logits, completion_ids, temperature), (0, T - t))  # (B, T)

@@ -247,10 +247,10 @@ def sample_chunk(model, ids: Tensor, am: Tensor, eos_ids: list[int], pad_id: int
     pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # (b, Tp) as HF derives them
 
     cache = DynamicCache()  # prefill the distinct prompts, then repeat their cache over each group's rows
-    out = model(input_ids=ids[first], attention_mask=am[first], position_ids=pos[first], past_key_values=cache,
+    out = model(input_ids=ids[first], attention_mask=am[first], position_ids=pos[first], cache=cache,
                 use_cache=True, logits_to_keep=1)  # fmt: skip  # last position only, as HF's prefill
     logits = out.logits[:, -1].float()[owner]  # (b, V)
-    cache = out.past_key_values
+    cache = out.cache
     cache.layers = [BufferedLayer(layer.keys[owner], layer.values[owner], max_new_tokens) for layer in cache.layers]
 
     rows = torch.arange(b, device=ids.device)  # the decode batch's rows (finished ones may linger), in order
@@ -274,7 +274,7 @@ def sample_chunk(model, ids: Tensor, am: Tensor, eos_ids: list[int], pad_id: int
                 layer.select(keep)
         am = torch.cat([am, am.new_ones(am.shape[0], 1)], dim=1)
         last = last + 1
-        out = model(input_ids=nxt[rows][:, None], attention_mask=am, position_ids=last, past_key_values=cache,
+        out = model(input_ids=nxt[rows][:, None], attention_mask=am, position_ids=last, cache=cache,
                     use_cache=True)  # fmt: skip
-        logits, cache = out.logits[:, -1].float(), out.past_key_values
+        logits, cache = out.logits[:, -1].float(), out.cache
     return torch.stack(tokens, 1)
