@@ -605,8 +605,11 @@ def _main() -> None:
 
     from projected_grpo.cli import message
 
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
-                      help="Params helpers. `overrides` turns an override set into `dvc exp run -S` arguments.")  # fmt: skip
+    app = typer.Typer(
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        help="Params helpers. `overrides` turns an override set into `dvc exp run -S` arguments.",
+    )
 
     @app.command()
     def overrides(
