@@ -21,6 +21,7 @@ from projected_grpo.sandbox import Sandbox
 def main(
     problems: Path = typer.Option(..., help="Directory written by the problems stage (train.parquet is used)."),
     out: Path = typer.Option(..., help="Output directory: base/ and teacher/ (save_pretrained) and stats.json."),
+    timings: Path = typer.Option(None, help="Wall-clock SFT times (JSON; a plain log outside DVC, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, organism, grader)."),
 ) -> None:
     p = load_params(params)
@@ -40,10 +41,13 @@ def main(
         raise
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # atomic: no half-written organism
-    s = org.stats
+    s, t = org.stats, org.timings
+    if timings is not None:
+        timings.parent.mkdir(parents=True, exist_ok=True)
+        timings.write_text(json.dumps(t, indent=2))
     typer.echo(
-        f"organism: {s['n_params'] / 1e6:.2f}M params, base {s['train_s_base']:.0f}s (loss "
-        f"{s['final_loss_base']:.3f}), teacher {s['train_s_teacher']:.0f}s -> {out}"
+        f"organism: {s['n_params'] / 1e6:.2f}M params, base {t['train_s_base']:.0f}s (loss "
+        f"{s['final_loss_base']:.3f}), teacher {t['train_s_teacher']:.0f}s -> {out}"
     )
 
 

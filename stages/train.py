@@ -32,7 +32,8 @@ def main(
     problems: Path = typer.Option(..., help="Problems stage directory (train.parquet, holdout.parquet)."),
     pool: Path = typer.Option(..., help="Pool stage directory (pool.parquet)."),
     out: Path = typer.Option(..., help="Run directory: checkpoints (kept across re-runs for resuming)."),
-    log: Path = typer.Option(..., help="Per-step TSV log."),
+    log: Path = typer.Option(..., help="Per-step TSV log (metrics only: it is a DVC output)."),
+    timings: Path = typer.Option(None, help="Per-step wall times (TSV; a plain log outside DVC, never hashed)."),
     metrics: Path = typer.Option(..., help="Final metrics JSON."),
     basis: Path = typer.Option(None, help="Basis stage directory (arms that read a basis)."),
     pairsets: Path = typer.Option(None, help="Pair-set root (gate calibration, basis refresh)."),
@@ -59,7 +60,7 @@ def main(
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         train(p, a, seed, model, tok, records, sb, out, log, basis=b, cal=cal, pool=teacher_pool,
-              signature=run_signature(p, a, seed, basis), extraction=ex, act=act)  # fmt: skip
+              signature=run_signature(p, a, seed, basis), extraction=ex, act=act, timings_path=timings)  # fmt: skip
     write_metrics(metrics, summarize_log(read_tsv(log)))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 

@@ -96,7 +96,8 @@ def tree_hash(path: Path) -> str:
 
 
 ALL_STAGES = (
-    {"problems", "organism", "organism_report", "basis", "pool", "phenomenon", "eval_sets", "probe", "report"}
+    {"check_params", "problems", "organism", "organism_report", "basis", "pool", "phenomenon", "eval_sets", "probe",
+     "report"}
     | names("train_ref", ARMS_REF, [SEED]) | names("train", ARMS, [SEED])
     | names("evaluate_ref", ARMS_REF, [SEED]) | names("evaluate", ARMS, [SEED])
 )  # fmt: skip
@@ -114,7 +115,7 @@ def built(tmp_path_factory):
     for f in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / f, root / f)
     set_params(root, **TINY)
-    (root / ".gitignore").write_text("/artifacts/\n__pycache__/\n")
+    shutil.copy(ROOT / ".gitignore", root / ".gitignore")
     sh(root, "git", "init", "-q", "-b", "main")
     dvc(root, "init", "-q")
     dvc(root, "config", "core.analytics", "false")
@@ -140,10 +141,56 @@ def test_cold_repro_runs_every_stage_then_a_no_op_runs_nothing(built, project):
     assert "up to date" in dvc(project, "status").stdout
 
 
+def test_a_rerun_reproduces_every_hash_and_timings_stay_out_of_the_tree(project):
+    """Outputs depend only on inputs: the organism (timed SFT) and a GRPO run (timed steps), re-run from scratch,
+    leave dvc.lock and every tracked file byte-identical; their wall-clock times go to the untracked logs/."""
+    lock = (project / "dvc.lock").read_text()
+    shutil.rmtree(project / "artifacts" / "organism")
+    shutil.rmtree(project / "artifacts" / "train" / "ref" / "vanilla" / f"s{SEED}")
+    target = f"train_ref@vanilla-{SEED}"
+    dvc(project, "repro", "-s", "organism", target)
+    assert (project / "dvc.lock").read_text() == lock
+    assert sh(project, "git", "status", "--porcelain").stdout == ""
+    assert reproduce(project) == set()
+    t = yaml.safe_load((project / "logs" / "organism.json").read_text())
+    assert set(t) == {"train_s_base", "train_s_teacher"} and min(t.values()) > 0
+    rows = (project / "logs" / "train" / f"vanilla-s{SEED}.tsv").read_text().splitlines()
+    assert rows[0].split("\t")[:2] == ["step", "dt"] and len(rows) == 1 + TINY["grpo"]["steps"]
+    assert "dt" not in (project / f"reports/train/ref/vanilla-s{SEED}.tsv").read_text().splitlines()[0].split("\t")
+
+
+@pytest.mark.parametrize(
+    ("sections", "msg"),
+    [
+        ({"basis": {"pairset": "no_such_set"}}, "basis.pairset 'no_such_set' is not a known pair set"),
+        ({"arms": ARMS + ["no_such_arm"]}, "arms: unknown arm(s) ['no_such_arm']"),
+        ({"arms": ARMS + ["vanilla"]}, "arms ['vanilla'] are in the wrong list"),
+        ({"grpo": {"steps": "many"}}, "grpo.steps must be an integer, got 'many'"),
+    ],
+)
+def test_bad_params_stop_the_pipeline_before_any_output_is_touched(project, sections, msg):
+    """A bad value ends `dvc repro` with the project's one-line error, before DVC deletes any stage's outputs: the
+    tree is as committed (but params.yaml), no directory appears, dvc.lock is untouched. The one file gone is the
+    check's own constant stamp (DVC removes it to re-run the check), which the next valid run writes back."""
+
+    def tree() -> list[Path]:
+        return sorted(p for p in project.rglob("*") if not {".git", ".dvc"} & set(p.relative_to(project).parts))
+
+    lock, files = (project / "dvc.lock").read_text(), tree()
+    set_params(project, **sections)
+    res = dvc(project, "repro", check=False)
+    assert res.returncode != 0 and f"error: {msg}" in res.stderr + res.stdout
+    assert sh(project, "git", "status", "--porcelain").stdout.split("\n")[0] == " M params.yaml"
+    assert len(sh(project, "git", "status", "--porcelain").stdout.strip().splitlines()) == 1
+    assert (project / "dvc.lock").read_text() == lock
+    assert tree() == [f for f in files if f.name != "check_params.ok"]
+
+
 def test_pairset_change_reruns_exactly_the_basis_and_what_reads_it(project):
     set_params(project, basis={"pairset": "prog_wider"})  # what `dvc exp run -S basis.pairset=prog_wider` writes
     ran = reproduce(project)
-    assert ran == {"basis", "probe", "report"} | names("train", ARMS, [SEED]) | names("evaluate", ARMS, [SEED])
+    want = {"check_params", "basis", "probe", "report"} | names("train", ARMS, [SEED])
+    assert ran == want | names("evaluate", ARMS, [SEED])
 
 
 def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
@@ -151,7 +198,7 @@ def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
     ran = reproduce(project)
     new = names("train_ref", ARMS_REF, [42]) | names("train", ARMS, [42])
     new |= names("evaluate_ref", ARMS_REF, [42]) | names("evaluate", ARMS, [42])
-    assert ran == new | {"phenomenon", "report"}
+    assert ran == new | {"check_params", "phenomenon", "report"}
     assert "seeds 41, 42" in (project / "reports" / "results.md").read_text().lower().replace("[", "").replace("]", "")
 
 
@@ -190,7 +237,7 @@ def test_remote_round_trip_reproduces_nothing_and_the_same_results(project, tmp_
     assert reproduce(clone) == set()
     for f in ("reports/results.md", "reports/metrics.json"):
         assert (clone / f).read_bytes() == (project / f).read_bytes()
-    for d in ("artifacts/organism", "artifacts/basis", f"artifacts/train/vanilla/s{SEED}"):
+    for d in ("artifacts/organism", "artifacts/basis", f"artifacts/train/ref/vanilla/s{SEED}"):
         assert tree_hash(clone / d) == tree_hash(project / d)
 
 
@@ -202,8 +249,8 @@ def test_killed_repro_resumes_train_from_its_last_checkpoint(built, tmp_path):
         shutil.copytree(built[0], root, symlinks=True)
         set_params(root, grpo={"steps": steps})
     target = f"train_ref@vanilla-{SEED}"
-    run_dir = f"artifacts/train/vanilla/s{SEED}"
-    assert reproduce(roots["whole"], target) == {target}
+    run_dir = f"artifacts/train/ref/vanilla/s{SEED}"
+    assert reproduce(roots["whole"], target) == {"check_params", target}  # grpo.steps changed: the check re-runs
 
     root = roots["killed"]
     proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", target], cwd=root, env=ENV,

@@ -119,7 +119,7 @@ def test_problems_stage_leetcode_train_from_test(tmp_path):
 
 def _imports(path: Path) -> set[str]:
     """The projected_grpo modules a file imports, in every form: `import projected_grpo.x`, `from projected_grpo
-    import x`, `from projected_grpo.x import y`, and relative `from .x import y` / `from . import x` inside the package.
+    import x`, `from projected_grpo.x import y`, and relative `from .x import y` / `from . import x` in the package.
     """
     out, package = set(), path.parent.name == "projected_grpo"
     for n in ast.walk(ast.parse(path.read_text())):
@@ -251,5 +251,5 @@ def test_basis_free_evaluations_never_read_the_basis():
     assert ref["matrix"]["arm"] == "${arms_ref}" and arms["matrix"]["arm"] == "${arms}"
     assert not [p for p in ref["params"] if str(p).split(".")[0] in ("basis", "projection", "arms")]
     assert not [d for d in ref["deps"] if ("basis" in d or "pairsets" in d) and d.startswith(("artifacts", "data"))]
-    assert "artifacts/train/${item.arm}/s${item.seed}" in ref["deps"] and "reports/eval/ref/" in ref["cmd"]
+    assert "artifacts/train/ref/${item.arm}/s${item.seed}" in ref["deps"] and "reports/eval/ref/" in ref["cmd"]
     assert "reports/eval/arms/" in arms["cmd"] and "reports/eval" in stages["report"]["deps"]

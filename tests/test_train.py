@@ -30,7 +30,14 @@ from projected_grpo.modes import MODES, apply_mode
 from projected_grpo.pool import PoolRow, pad_ids
 from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from projected_grpo.train import HeldOutPairs, pool_completion, refresh_basis, residual_capture, train
+from projected_grpo.train import (
+    STEP_PHASES,
+    HeldOutPairs,
+    pool_completion,
+    refresh_basis,
+    residual_capture,
+    train,
+)
 from tests.conftest import ROOT
 
 ROUTING = [a for a, spec in ARMS.items() if spec.routes]
@@ -126,7 +133,8 @@ def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=N
     torch.set_num_threads(1)
     train(p or tiny_params(), a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt", tmp / "log.tsv",
           basis=b, cal=world["cal"], pool=pool, signature={"arm": arm}, progress=False,
-          grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"])  # fmt: skip
+          grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"],
+          timings_path=tmp / "timings.tsv")  # fmt: skip
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
 
 
@@ -246,9 +254,15 @@ def test_resume_across_refreshes_is_bitwise_identical(world, tmp_path, arm):
     rows = [(tmp_path / d / "log.tsv").read_text().splitlines() for d in ("full", "cut")]
     head = rows[0][0].split("\t")
     assert rows[1][0].split("\t") == head and len(rows[0]) == len(rows[1]) == 6
-    keep = [i for i, h in enumerate(head) if h != "dt"]
-    for a, b in zip(rows[0][1:], rows[1][1:]):
-        assert [a.split("\t")[i] for i in keep] == [b.split("\t")[i] for i in keep]
+    assert "dt" not in head and rows[0] == rows[1]  # the log holds no wall-clock time: resumed == uninterrupted
+    timed = (tmp_path / "cut" / "timings.tsv").read_text().splitlines()  # wall times: their own log, resumed too
+    cols = timed[0].split("\t")
+    assert cols[:2] == ["step", "dt"] and {f"t_{ph}" for ph in STEP_PHASES} <= set(cols)
+    assert [int(x.split("\t")[0]) for x in timed[1:]] == [1, 2, 3, 4, 5]
+    for x in timed[1:]:  # every step samples, grades, runs forward and backward; the phases fit in the step
+        t = dict(zip(cols, map(float, x.split("\t"))))
+        assert min(t["t_sample"], t["t_grade"], t["t_forward"], t["t_backward"]) > 0
+        assert sum(t[f"t_{ph}"] for ph in STEP_PHASES) <= t["dt"]
     assert log_column(tmp_path / "full", "refresh") == [0.0, 0.0, 1.0, 0.0, 1.0]
 
 

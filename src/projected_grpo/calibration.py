@@ -88,7 +88,7 @@ def render_report(metrics: dict[str, dict], stats: dict, params_desc: str, seeds
          f"Written by the `organism_report` stage from `artifacts/organism/{{base,teacher}}` on the minileet **test** "
          f"split (strict oracle, hardened grader). {params_desc} {seeds_desc}", "",
          f"Organism: Qwen3ForCausalLM, {stats['n_params'] / 1e6:.2f}M parameters, vocab {stats['vocab_size']}; base "
-         f"SFT {stats['train_s_base']:.0f} s, teacher {stats['train_s_teacher']:.0f} s on this machine; prompt "
+         f"SFT losses {stats['final_loss_base']:.3f} (base) / {stats['final_loss_teacher']:.3f} (teacher); prompt "
          f"tokens mean {stats['prompt_tokens_mean']:.0f} / max {stats['prompt_tokens_max']}.", "",
          "## Targets", "", "| target | measured | met |", "|---|---|---|"]  # fmt: skip
     for key, ok, desc in TARGETS["base"]:

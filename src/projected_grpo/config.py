@@ -547,6 +547,19 @@ def load_params(path: Path | str = "params.yaml") -> Params:
     return from_dict(Params, yaml.safe_load(path.read_text()) or {})
 
 
+def check_params(path: Path | str = "params.yaml") -> Params:
+    """`load_params` plus what only the whole file shows: every field set (a key missing from params.yaml would
+    silently take the dataclass default) and each arm in exactly one of `arms_ref` / `arms`."""
+    p = load_params(path)
+    missing = unset_fields(Params, yaml.safe_load(Path(path).read_text()) or {})
+    if missing:
+        raise ValueError(f"{path} does not set {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+    both = sorted(set(p.arms_ref) & set(p.arms))
+    if both:
+        raise ValueError(f"arm(s) {both} are in both arms_ref and arms; list each arm once")
+    return p
+
+
 def unset_fields(cls: type, d: dict[str, Any], path: str = "") -> list[str]:
     """Dotted names of dataclass fields that `d` does not set (params.yaml must set every field)."""
     hints = typing.get_type_hints(cls)

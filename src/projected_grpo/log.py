@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
 from pathlib import Path
 
 PRINT_KEYS = ("reward", "hack", "solve", "kl", "gnorm", "routed", "dt")
@@ -15,8 +17,34 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
-class StepLog:
-    """Appends one TSV row per step (header written once; columns fixed by the first row)."""
+# Wall-clock timings differ run to run, so they never go into a hashed output (a DVC out, which a re-run would then
+# change and every stage reading it re-run): StepLog writes them to a separate, plain timings log.
+def is_timing(key: str) -> bool:
+    """`dt` (a step's wall time) and `t_<phase>` (its parts, `PhaseTimer`) are timings."""
+    return key == "dt" or key.startswith("t_")
+
+
+class PhaseTimer:
+    """Wall seconds per named phase of a step: `with timer("grade"): ...`; `totals()` -> {"t_grade": s, ...}, every
+    declared phase present (0 when it did not run), so a TSV's columns are the same every step."""
+
+    def __init__(self, phases: tuple[str, ...] = ()) -> None:
+        self.s: dict[str, float] = dict.fromkeys(phases, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.s[phase] = self.s.get(phase, 0.0) + time.perf_counter() - t
+
+    def totals(self) -> dict[str, float]:
+        return {f"t_{k}": v for k, v in self.s.items()}
+
+
+class _Tsv:
+    """A TSV with a fixed header (the first row's keys); on resume, rows of steps after `resume_step` are dropped."""
 
     def __init__(self, path: Path | str, resume_step: int = 0):
         self.path = Path(path)
@@ -30,13 +58,27 @@ class StepLog:
         elif self.path.exists():
             self.path.unlink()
 
-    def __call__(self, step: int, total: int, **metrics: float) -> str:
-        row = {"step": step, **metrics}
+    def append(self, row: dict[str, object]) -> None:
         if self.keys is None:
             self.keys = list(row)
             self.path.write_text("\t".join(self.keys) + "\n")
         with self.path.open("a") as f:
             f.write("\t".join(_fmt(row.get(k, float("nan"))) for k in self.keys) + "\n")
+
+
+class StepLog:
+    """Appends one TSV row per step to `path` (header written once; columns fixed by the first row), the
+    timings (`is_timing`) to `timings` instead (dropped without one); returns the step's one-line progress print."""
+
+    def __init__(self, path: Path | str, resume_step: int = 0, timings: Path | str | None = None):
+        self.path = Path(path)
+        self.main = _Tsv(path, resume_step)
+        self.timings = _Tsv(timings, resume_step) if timings is not None else None
+
+    def __call__(self, step: int, total: int, **metrics: float) -> str:
+        self.main.append({"step": step, **{k: v for k, v in metrics.items() if not is_timing(k)}})
+        if self.timings is not None:
+            self.timings.append({"step": step, **{k: v for k, v in metrics.items() if is_timing(k)}})
         shown = " | ".join(f"{k} {_fmt(round(metrics[k], 4))}" for k in PRINT_KEYS if k in metrics)
         return f"step {step}/{total} | {shown}"
 

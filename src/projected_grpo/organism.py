@@ -119,7 +119,8 @@ class Organism:
     base: Qwen3ForCausalLM
     teacher: Qwen3ForCausalLM
     tokenizer: object
-    stats: dict
+    stats: dict  # deterministic given the inputs: saved with the models (a DVC output every stage downstream reads)
+    timings: dict  # wall-clock seconds: machine-dependent, so never in a hashed output
 
 
 def build_organism(p, records, seed: int, sandbox, timeout_s: float, progress: bool = True) -> Organism:
@@ -157,7 +158,7 @@ def build_organism(p, records, seed: int, sandbox, timeout_s: float, progress: b
     t_teach = time.perf_counter() - t0
     n_params = sum(x.numel() for x in model.parameters())
     stats = {
-        "n_params": n_params, "train_s_base": t_base, "train_s_teacher": t_teach,
+        "n_params": n_params,
         "final_loss_base": sum(base_losses[-20:]) / len(base_losses[-20:]),
         "final_loss_teacher": sum(teach_losses[-20:]) / len(teach_losses[-20:]),
         "prompt_tokens_mean": sum(e.n_prompt for e in base_data) / len(base_data),
@@ -165,4 +166,4 @@ def build_organism(p, records, seed: int, sandbox, timeout_s: float, progress: b
         "seq_tokens_mean": sum(len(e.ids) for e in base_data) / len(base_data),
         "corpus_base": base_stats, "corpus_teacher": teach_stats, "vocab_size": len(tok),
     }  # fmt: skip
-    return Organism(model, teacher, tok, stats)
+    return Organism(model, teacher, tok, stats, {"train_s_base": t_base, "train_s_teacher": t_teach})

@@ -45,7 +45,7 @@ from projected_grpo.basis import (
 from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_dir, read_checkpoint, save_checkpoint
 from projected_grpo.grader import grade_batch
 from projected_grpo.grpo_loss import group_advantages, grpo_loss
-from projected_grpo.log import StepLog
+from projected_grpo.log import PhaseTimer, StepLog
 from projected_grpo.logprobs import (
     batch_sequences,
     completion_logprobs,
@@ -288,11 +288,17 @@ def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: l
 # --- the loop --------------------------------------------------------------------------------------------------
 
 
+# Timed parts of a step (the timings log; the rest of `dt` is the edit, the optimizer step and bookkeeping).
+STEP_PHASES = ("sample", "grade", "ref_forward", "forward", "backward", "gate_calibration")
+
+
 def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: Path, log_path: Path,
           basis: Basis | None = None, cal: HeldOutPairs | None = None, pool: dict | None = None,
           signature: dict | None = None, progress: bool = True, grade_fn=grade_batch,
-          extraction: HeldOutPairs | None = None, act: Basis | None = None) -> dict[str, float]:  # fmt: skip
-    """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`.
+          extraction: HeldOutPairs | None = None, act: Basis | None = None,
+          timings_path: Path | None = None) -> dict[str, float]:  # fmt: skip
+    """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`, the step's wall
+    time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`).
 
     Args:
         basis: the one this arm uses (the random control's for `*_random` arms); None for basis-free arms.
@@ -358,11 +364,11 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         load_checkpoint(out_dir, start, model, opt, state)
     else:
         save_checkpoint(out_dir, 0, model, opt, loop_state())  # update 0 = the base policy (evaluation's first point)
-    log = StepLog(log_path, resume_step=start)
+    log = StepLog(log_path, resume_step=start, timings=timings_path)
     pbar = tqdm(range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}",
                 disable=not progress)  # fmt: skip
     for step in pbar:
-        t0 = time.perf_counter()
+        t0, timer = time.perf_counter(), PhaseTimer(STEP_PHASES)
         rng = random.Random(f"{seed}:{step}")
         # ---- refresh v_hack at the current parameters from the held-out extraction pairs (method.md §6.7) --------
         # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
@@ -380,16 +386,19 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
 
         # ---- gate calibration on held-out pairs (gated routing), every recal_every steps and after a refresh ------
         if arm.edit in GATED and (step % pj.recal_every == 0 or refreshed or math.isinf(tau[0])):
-            tau, gate_auroc = calibrate_gate(model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer)
+            with timer("gate_calibration"):
+                tau, gate_auroc = calibrate_gate(model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer)
 
         # ---- rollout: B prompts × G completions with the training policy (knob on) ------------------------------
         recs = rng.sample(records, B)
         n_pool = round(pl.mix * G) if (pool is not None and step < pl.teacher_off_step) else 0
-        ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
+        with timer("sample"):
+            ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
 
         # ---- reward and advantage (Dr.GRPO: r − group mean, no std) -----------------------------------------------
-        grades = grade_fn(rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
+        with timer("grade"):
+            grades = grade_fn(rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
         rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng)  # (N,)
         adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
 
@@ -410,15 +419,17 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
             ref = None
             if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
-                with torch.no_grad(), adapters_disabled(model):
+                with torch.no_grad(), adapters_disabled(model), timer("ref_forward"):
                     ref = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs)
             probe = nullcontext({}) if shared_policy else probes(model, pi.shape[0])
             with probe as es, token_capture(model, dirs) as caps, residual_capture(model, act_layer) as hid:
-                logp = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs if shared_policy else None)  # (b, T)
-                # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
-                loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high, g.beta,
-                                    l_max, n_rows=N)  # fmt: skip
-                loss.backward()
+                with timer("forward"):
+                    logp = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs if shared_policy else None)
+                    # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
+                    loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high,
+                                        g.beta, l_max, n_rows=N)  # fmt: skip
+                with timer("backward"):
+                    loss.backward()
             for n, e in es.items():
                 per_sample[n].append(e.grad.detach())
             Tp = pi.shape[1]
@@ -509,7 +520,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             "gnorm": float(g_cat.norm()),
             "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
             **diag, **ostats, "n_pool": n_pool,
-            "dt": time.perf_counter() - t0,
+            "dt": time.perf_counter() - t0, **timer.totals(),  # wall times: the timings log only
         }  # fmt: skip
         line = log(step + 1, g.steps, **metrics)
         if progress:
