@@ -8,6 +8,7 @@ surface and mode), curve.tsv and a flat metrics.json. Thin CLI over projected_gr
 """
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from projected_grpo.arms import get_arm
 from projected_grpo.checkpoint import adapter_path, checkpoint_steps
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
+from projected_grpo.log import PhaseTimer
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
 
@@ -33,6 +35,7 @@ def main(
     problems: Path = typer.Option(..., help="Problems stage directory (test.parquet is used)."),
     eval_sets: Path = typer.Option(..., help="eval_sets stage directory (monitor.json, base.json)."),
     out: Path = typer.Option(..., help="Directory for per_mode_deploy.json, curve.tsv and metrics.json."),
+    timings: Path = typer.Option(None, help="Wall times of sampling / grading (JSON; a plain log, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
     p, a = load_params(params), get_arm(arm)
@@ -47,7 +50,7 @@ def main(
     mon, full = ev.select_records(test, ids, e.surfaces), ev.select_records(test, None, e.surfaces)
     states = ("deploy", "knob_on") if a.routes else ("deploy",)
     model, tok = ev.load_policy(p, organism)
-    rows, final = [], {}
+    rows, final, curve_t, end_t, t0 = [], {}, PhaseTimer(), PhaseTimer(), time.perf_counter()
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         for step in tqdm(ev.curve_steps(steps, e.curve_every), desc=f"evaluate {arm} s{seed}"):
             load_adapter(model, adapter_path(run, step))
@@ -56,12 +59,12 @@ def main(
                     t = base["monitor"]
                 else:
                     with ev.state(model, st):
-                        t = ev.tally(ev.score(model, tok, mon, e.n_samples_curve, p, sb))
+                        t = ev.tally(ev.score(model, tok, mon, e.n_samples_curve, p, sb, curve_t))
                 rows.append(ev.curve_row(step, st, t))
             if step == steps[-1]:
                 for st in states:
                     with ev.state(model, st):
-                        final[st] = ev.tally(ev.score(model, tok, full, e.n_samples, p, sb))
+                        final[st] = ev.tally(ev.score(model, tok, full, e.n_samples, p, sb, end_t))
     if a.routes:
         final["adapter_off"] = base["full"]
     atomic.write_json(out / "per_mode_deploy.json", {
@@ -71,6 +74,9 @@ def main(
     })  # fmt: skip
     atomic.write_text(out / "curve.tsv", ev.tsv(rows))
     atomic.write_json(out / "metrics.json", ev.flat_metrics(final))
+    if timings is not None:
+        atomic.write_json(timings, {"wall": time.perf_counter() - t0, "curve": curve_t.totals(),
+                                    "endpoint": end_t.totals()})  # fmt: skip
     typer.echo(f"evaluate {arm} s{seed}: deploy solve {final['deploy']['solve']} -> {out}")
 
 

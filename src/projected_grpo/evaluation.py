@@ -20,6 +20,7 @@ from torch import nn
 
 from projected_grpo.adapter import Adapter, adapters, knob_disabled
 from projected_grpo.grader import ChunkGrader, Grade, extract_code
+from projected_grpo.log import PhaseTimer
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.problems import Problem
@@ -51,16 +52,20 @@ def select_records(records: list[Problem], ids: set[int] | None, surfaces: tuple
 
 def sample_and_score(model, tok, records: list[Problem], n_samples: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, batch_size: int, sandbox, grader_mode: str, timeout_s: float,
-                     max_prompt_tokens: int | None = None) -> list[Scored]:  # fmt: skip
+                     max_prompt_tokens: int | None = None, timer: PhaseTimer | None = None) -> list[Scored]:  # fmt: skip
     """`n_samples` completions per record in batches of `batch_size` rows, each batch graded by the sandbox while the
-    next one samples (grader.ChunkGrader)."""
+    next one samples (grader.ChunkGrader). `timer` gets the wall time of sampling (grading overlaps it) and of the
+    grading left after the last chunk ("grade_tail")."""
+    timer = timer or PhaseTimer()
     prompts = [render_prompt(tok, list(r.prompt)) for r in records]
     recs = [r for r in records for _ in range(n_samples)]
     with ChunkGrader(recs, sandbox, mode=grader_mode, timeout_s=timeout_s) as grader:
-        ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-                      max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
-        grades = grader.grades(progress=True)
+        with timer("sample"):
+            ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
+                          max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
+        with timer("grade_tail"):
+            grades = grader.grades(progress=True)
     return [Scored(r, t, g) for r, t, g in zip(recs, ro.texts, grades)]
 
 
@@ -204,12 +209,13 @@ def load_policy(p, organism: Path):
     return model, tok
 
 
-def score(model, tok, records: list[Problem], n_samples: int, p, sandbox) -> list[Scored]:
+def score(model, tok, records: list[Problem], n_samples: int, p, sandbox, timer: PhaseTimer | None = None
+          ) -> list[Scored]:  # fmt: skip
     """`n_samples` graded completions per record under the eval params (seed, T, top_p, budget, batch)."""
     e = p.eval
     return (sample_and_score(model, tok, records, n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
                                   e.batch_size, sandbox, p.grader.mode, p.grader.timeout_s,
-                                  p.rollout.max_prompt_tokens))  # fmt: skip
+                                  p.rollout.max_prompt_tokens, timer))  # fmt: skip
 
 
 def tsv(rows: list[dict]) -> str:

@@ -1,0 +1,207 @@
+"""Where the time of a cold `dvc repro` goes: every stage timed, GRPO and evaluation split into their phases.
+
+  python benchmarks/dag.py --label before --out reports/bench/dag.md        # scaled copy (default), ~1-1.5 h
+  python benchmarks/dag.py --label before --scale default                   # the real defaults: hours
+
+The pipeline (dvc.yaml, stages/, src/, data/, params.yaml) is copied to --work and reproduced there cold, one stage
+at a time in DVC's order (`dvc repro -s <stage>`, a fresh process each, as a user's `dvc repro` runs them), so each
+stage's wall time is its own. An interrupted run resumes: stages already timed in <work>/times.tsv are not re-run.
+The copy shares this repository's DVC cache, so what it builds (organism, pool, basis, eval sets) is restored from
+DVC's run cache by a later `dvc repro` here.
+
+`--scale scaled` (default) keeps every default but GRPO's horizon (`grpo.steps` 20 of 200) and the seeds (41 of 41,
+42, 43), and extrapolates: a GRPO run's summed step time x 200/20 plus its start-up once (per-step time is
+stationary: in the last whole default run the mean step time over 200 steps was 0.89-1.06x that of the first 20, by
+arm), x 3 seeds for train and evaluate stages; an evaluation's curve part x the default's number of scored curve
+checkpoints over the copy's, its endpoint part x 1; every other stage x 1. Phase splits come from the stages' own
+timing logs (<work>/logs/): GRPO's sampling, grading, reference forward, policy forward, backward and gate calibration
+(`train.STEP_PHASES`; the rest of a step is "other"), evaluation's sampling (grading overlaps it) and the grading
+left after the last chunk.
+
+Each --label is a column of the report (before / after), so the speed work is shown side by side.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALED = {"grpo": {"steps": 20}, "seeds": [41]}
+DEFAULT_STEPS, DEFAULT_SEEDS = 200, 3
+
+
+def setup(work: Path, scale: str, extra: dict) -> None:
+    if (work / "dvc.yaml").exists():
+        return
+    work.mkdir(parents=True)
+    for d in ("src", "stages", "data"):
+        shutil.copytree(ROOT / d, work / d, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for f in ("dvc.yaml", "params.yaml", ".gitignore"):
+        shutil.copy(ROOT / f, work / f)
+    p = yaml.safe_load((work / "params.yaml").read_text())
+    for k, v in [*(SCALED.items() if scale == "scaled" else ()), *extra.items()]:
+        p[k] = {**p[k], **v} if isinstance(v, dict) else v
+    (work / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    for args in (["init", "-q", "--no-scm"], ["cache", "dir", str(ROOT / ".dvc" / "cache")]):
+        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=work, check=True)
+
+
+def stage_order(work: Path) -> list[str]:
+    """Every stage (matrix members expanded) in an order DVC could run them: dependencies first."""
+    from dvc.repo import Repo
+
+    with Repo(str(work)) as repo:
+        g = repo.index.graph  # edges: stage -> the stages it depends on
+        order: list = []
+
+        def visit(s) -> None:  # post-order: a stage after everything it depends on
+            if s not in order:
+                for d in sorted(g.successors(s), key=lambda x: x.name):
+                    visit(d)
+                order.append(s)
+
+        for s in sorted(g.nodes, key=lambda x: x.name):
+            visit(s)
+        return [s.name for s in order]
+
+
+def run_stages(work: Path, times: Path) -> None:
+    done = {r["stage"] for r in read_times(times)}
+    # stage commands run `python`: this interpreter's
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for stage in stage_order(work):
+        if stage in done:
+            continue
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", stage], cwd=work, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+        wall = time.perf_counter() - t
+        if r.returncode != 0:
+            raise SystemExit(f"error: stage {stage} failed in {work}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+        with times.open("a") as f:
+            f.write(f"{stage}\t{wall:.1f}\n")
+        print(f"{stage}: {wall:.0f} s", flush=True)
+
+
+def read_times(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [{"stage": s, "s": float(v)} for s, v in (ln.split("\t") for ln in path.read_text().splitlines())]
+
+
+def phases(work: Path) -> dict[str, dict[str, float]]:
+    """{stage: {phase: seconds}} from the stages' timing logs."""
+    out = {}
+    for f in sorted((work / "logs" / "train").glob("*.tsv")):
+        rows = list(csv.DictReader(f.open(), delimiter="\t"))
+        tot = {k[2:] if k != "dt" else "step": sum(float(r[k]) for r in rows) for k in rows[0] if k != "step"}
+        tot["other"] = tot["step"] - sum(v for k, v in tot.items() if k != "step")
+        arm = f.stem.rsplit("-s", 1)[0]
+        ref = (work / "reports" / "train" / "ref" / f"{f.stem}.tsv").exists()
+        out[f"{'train_ref' if ref else 'train'}@{arm}-{f.stem.rsplit('-s', 1)[1]}"] = tot
+    for f in sorted((work / "logs" / "eval").glob("*.json")):
+        d = json.loads(f.read_text())
+        arm, seed = f.stem.rsplit("-s", 1)
+        ref = (work / "reports" / "eval" / "ref" / f.stem).exists()
+        out[f"{'evaluate_ref' if ref else 'evaluate'}@{arm}-{seed}"] = {
+            "curve_sample": d["curve"].get("t_sample", 0.0), "curve_grade_tail": d["curve"].get("t_grade_tail", 0.0),
+            "endpoint_sample": d["endpoint"].get("t_sample", 0.0),
+            "endpoint_grade_tail": d["endpoint"].get("t_grade_tail", 0.0), "wall": d["wall"],
+        }  # fmt: skip
+    return out
+
+
+def curve_points(steps: int, every: int) -> int:
+    """Checkpoints an evaluation scores on the monitor subset, step 0 (the base, copied from eval_sets) excluded."""
+    return len({s for s in range(every, steps + 1, every)} | {steps})
+
+
+def extrapolate(stage: str, s: float, ph: dict, work: Path, scale: str) -> float:
+    if scale == "default":
+        return s
+    kind = stage.split("@")[0]
+    if kind in ("train", "train_ref") and stage in ph:  # start-up and loading once, the steps x 200/20
+        steps = ph[stage]["step"]
+        return (s + steps * (DEFAULT_STEPS / SCALED["grpo"]["steps"] - 1)) * DEFAULT_SEEDS
+    if kind in ("evaluate", "evaluate_ref") and stage in ph:
+        every = yaml.safe_load((work / "params.yaml").read_text())["eval"]["curve_every"]
+        k = curve_points(DEFAULT_STEPS, every) / curve_points(SCALED["grpo"]["steps"], every)
+        curve = ph[stage]["curve_sample"] + ph[stage]["curve_grade_tail"]
+        return (s + curve * (k - 1)) * DEFAULT_SEEDS
+    return s
+
+
+def main(
+    label: str = typer.Option("before", help="Column of the report this run fills (e.g. before, after)."),
+    scale: str = typer.Option("scaled", help="scaled (20 GRPO steps, one seed; extrapolated) or default."),
+    work: Path = typer.Option(Path("/tmp/projected_grpo_dag"), help="Working copy (resumable)."),
+    out: Path = typer.Option(ROOT / "reports" / "bench" / "dag.md", help="Markdown report (columns kept per label)."),
+    extra: str = typer.Option("{}", help="JSON params sections laid over the copy's params (a smoke run)."),
+) -> None:
+    if scale not in ("scaled", "default"):
+        raise typer.BadParameter("--scale must be scaled or default")
+    work = work / f"{label}-{scale}"
+    setup(work, scale, json.loads(extra))
+    run_stages(work, work / "times.tsv")
+    ph = phases(work)
+    rows = {r["stage"]: extrapolate(r["stage"], r["s"], ph, work, scale) for r in read_times(work / "times.tsv")}
+    data = out.with_suffix(".json")
+    allruns = json.loads(data.read_text()) if data.exists() else {}
+    allruns[label] = {"scale": scale, "stages": rows, "measured": {r["stage"]: r["s"] for r in
+                      read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores"}  # fmt: skip
+    data.write_text(json.dumps(allruns, indent=1, sort_keys=True) + "\n")
+    out.write_text(render(allruns))
+    print(f"dag: {label}: {sum(rows.values()) / 60:.0f} min (extrapolated to the defaults) -> {out}")
+
+
+def render(allruns: dict) -> str:
+    labels = list(allruns)
+    stages = list(dict.fromkeys(s for r in allruns.values() for s in r["stages"]))
+    tot = {lb: sum(allruns[lb]["stages"].values()) for lb in labels}
+    L = ["# Cold `dvc repro` of the defaults: where the time goes", "",
+         "Generated by `python benchmarks/dag.py` (see its docstring for the scaled copy and the extrapolation); "
+         f"data in `reports/bench/dag.json`. Machine: {allruns[labels[0]]['machine']}. Stages run one at a time.", "",
+         "## Per stage (minutes, extrapolated to the defaults: 200 GRPO steps, seeds 41, 42, 43)", "",
+         "| stage | " + " | ".join(f"{lb} (min) | share" for lb in labels) + " |",
+         "|---|" + "---|---|" * len(labels)]  # fmt: skip
+    for s in stages:
+        cells = []
+        for lb in labels:
+            v = allruns[lb]["stages"].get(s)
+            cells += ["—", "—"] if v is None else [f"{v / 60:.1f}", f"{v / tot[lb]:.0%}"]
+        L.append(f"| {s} | " + " | ".join(cells) + " |")
+    L.append("| **total** | " + " | ".join(f"**{tot[lb] / 60:.0f}** | 100%" for lb in labels) + " |")
+    for lb in labels:
+        ph = allruns[lb]["phases"]
+        tr = {k: v for k, v in ph.items() if k.startswith("train")}
+        if tr:
+            keys = [k for k in next(iter(tr.values())) if k != "step"]
+            L += ["", f"## GRPO steps by phase ({lb}; share of the summed step time, measured, not extrapolated)",
+                  "", "| run | step total (min) | " + " | ".join(keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]  # fmt: skip
+            for k, v in tr.items():
+                shares = " | ".join(f"{v[x] / v['step']:.0%}" for x in keys)
+                L.append(f"| {k} | {v['step'] / 60:.1f} | {shares} |")
+        ev = {k: v for k, v in ph.items() if k.startswith("evaluate")}
+        if ev:
+            keys = [k for k in next(iter(ev.values())) if k != "wall"]
+            L += ["", f"## Evaluations by phase ({lb}; minutes, measured; grading overlaps sampling, `grade_tail` is "
+                  "what is left after the last chunk)", "", "| run | wall | " + " | ".join(keys) + " |",
+                  "|---|---|" + "---|" * len(keys)]  # fmt: skip
+            for k, v in ev.items():
+                L.append(f"| {k} | {v['wall'] / 60:.1f} | " + " | ".join(f"{v[x] / 60:.1f}" for x in keys) + " |")
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    typer.run(main)
