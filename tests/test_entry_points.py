@@ -55,3 +55,6 @@ def test_cli_lists_the_stages_and_config_prints_overrides():
     r = subprocess.run([sys.executable, "-m", "projected_grpo.config", "overrides", "nope.yaml"], cwd=ROOT, env=env,
                        capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, "-m", "projected_grpo.config", "check"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and "valid" in r.stdout

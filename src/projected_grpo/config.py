@@ -621,8 +621,19 @@ def _main() -> None:
     app = typer.Typer(
         add_completion=False,
         pretty_exceptions_enable=False,
-        help="Params helpers. `overrides` turns an override set into `dvc exp run -S` arguments.",
+        help="Params helpers. `check` validates a params file (what the check_params stage runs); `overrides` turns "
+        "an override set into `dvc exp run -S` arguments.",
     )
+
+    @app.command()
+    def check(params: Path = typer.Argument(Path("params.yaml"), help="The params file to validate.")) -> None:
+        """Validate PARAMS as the pipeline's first stage does (`dvc exp run --dry` runs no command, so it cannot)."""
+        try:
+            check_params(params)
+        except (ValueError, KeyError, OSError) as e:
+            typer.echo(f"error: {message(e)}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"{params}: valid")
 
     @app.command()
     def overrides(
