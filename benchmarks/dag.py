@@ -147,21 +147,25 @@ def main(
     work: Path = typer.Option(Path("/tmp/projected_grpo_dag"), help="Working copy (resumable)."),
     out: Path = typer.Option(ROOT / "reports" / "bench" / "dag.md", help="Markdown report (columns kept per label)."),
     extra: str = typer.Option("{}", help="JSON params sections laid over the copy's params (a smoke run)."),
+    report_only: bool = typer.Option(False, help="Write the report from the stages timed so far; run nothing."),
 ) -> None:
     if scale not in ("scaled", "default"):
         raise typer.BadParameter("--scale must be scaled or default")
     work = work / f"{label}-{scale}"
-    setup(work, scale, json.loads(extra))
-    run_stages(work, work / "times.tsv")
+    if not report_only:
+        setup(work, scale, json.loads(extra))
+        run_stages(work, work / "times.tsv")
     ph = phases(work)
     rows = {r["stage"]: extrapolate(r["stage"], r["s"], ph, work, scale) for r in read_times(work / "times.tsv")}
     data = out.with_suffix(".json")
     allruns = json.loads(data.read_text()) if data.exists() else {}
     allruns[label] = {"scale": scale, "stages": rows, "measured": {r["stage"]: r["s"] for r in
-                      read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores"}  # fmt: skip
+                      read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores",
+                      "complete": len(rows) == len(stage_order(work))}  # fmt: skip
     data.write_text(json.dumps(allruns, indent=1, sort_keys=True) + "\n")
     out.write_text(render(allruns))
-    print(f"dag: {label}: {sum(rows.values()) / 60:.0f} min (extrapolated to the defaults) -> {out}")
+    done = "" if allruns[label]["complete"] else f" (partial: {len(rows)} stages timed so far)"
+    print(f"dag: {label}: {sum(rows.values()) / 60:.0f} min (extrapolated to the defaults){done} -> {out}")
 
 
 def render(allruns: dict) -> str:
@@ -181,6 +185,8 @@ def render(allruns: dict) -> str:
             cells += ["—", "—"] if v is None else [f"{v / 60:.1f}", f"{v / tot[lb]:.0%}"]
         L.append(f"| {s} | " + " | ".join(cells) + " |")
     L.append("| **total** | " + " | ".join(f"**{tot[lb] / 60:.0f}** | 100%" for lb in labels) + " |")
+    L += [f"\n{lb}: **partial run**, the stages not listed are not timed yet; the total is a lower bound."
+          for lb in labels if not allruns[lb].get("complete", True)]
     for lb in labels:
         ph = allruns[lb]["phases"]
         tr = {k: v for k, v in ph.items() if k.startswith("train")}
