@@ -149,6 +149,7 @@ def main(
     out: Path = typer.Option(ROOT / "reports" / "bench" / "dag.md", help="Markdown report (columns kept per label)."),
     extra: str = typer.Option("{}", help="JSON params sections laid over the copy's params (a smoke run)."),
     report_only: bool = typer.Option(False, help="Write the report from the stages timed so far; run nothing."),
+    note: str = typer.Option("", help="Conditions of this run, printed under its column (e.g. other load)."),
 ) -> None:
     if scale not in ("scaled", "default"):
         raise typer.BadParameter("--scale must be scaled or default")
@@ -162,7 +163,7 @@ def main(
     allruns = json.loads(data.read_text()) if data.exists() else {}
     allruns[label] = {"scale": scale, "stages": rows, "measured": {r["stage"]: r["s"] for r in
                       read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores",
-                      "complete": len(rows) == len(stage_order(work))}  # fmt: skip
+                      "complete": len(rows) == len(stage_order(work)), "note": note}  # fmt: skip
     data.write_text(json.dumps(allruns, indent=1, sort_keys=True) + "\n")
     out.write_text(render(allruns))
     done = "" if allruns[label]["complete"] else f" (partial: {len(rows)} stages timed so far)"
@@ -188,6 +189,7 @@ def render(allruns: dict) -> str:
     L.append("| **total** | " + " | ".join(f"**{tot[lb] / 60:.0f}** | 100%" for lb in labels) + " |")
     L += [f"\n{lb}: **partial run**, the stages not listed are not timed yet; the total is a lower bound."
           for lb in labels if not allruns[lb].get("complete", True)]
+    L += [f"\n{lb}: {allruns[lb]['note']}" for lb in labels if allruns[lb].get("note")]
     for lb in labels:
         ph = allruns[lb]["phases"]
         tr = {k: v for k, v in ph.items() if k.startswith("train")}
