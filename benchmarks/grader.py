@@ -1,6 +1,10 @@
 """Grader throughput (fork-server sandbox vs an upstream-like `python -c` per execution) and timeout calibration.
 
-  python benchmarks/grader.py --out reports/bench/grader.md
+  python benchmarks/grader.py --out reports/bench/grader.md [--before /tmp/pg_head]
+
+`--before DIR`: also time the fork-server grader of another checkout (e.g. `git worktree add --detach /tmp/pg_head
+HEAD`) against this working tree on the same workloads, alternating before/after in fresh processes, and report the
+ratio (issue 21's throughput bound).
 
 Both engines grade the same completions through the same request plans and label code, side by side in one run, at
 the same concurrency; labels must be identical. Timeout calibration: every canonical solution of the 119-problem
@@ -9,8 +13,12 @@ LeetCode split is timed under the default concurrency, and the default timeout i
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -75,9 +83,39 @@ def compare(name, probs, comps, sb, base, timeout_s):
     return dict(name=name, n=len(comps), t_ours=t_ours, t_base=t_base, same=same)
 
 
-def main(out: Path = typer.Option(..., help="Markdown report to write."),
-         params: Path = typer.Option(ROOT / "params.yaml")) -> None:  # fmt: skip
+def _worker(params: Path) -> dict[str, float]:
+    """Seconds to grade each workload with the fork-server grader of whichever checkout is on PYTHONPATH."""
     g = load_params(params).grader
+    leet = load_problems(ROOT / "data/leetcode/leetcode_test_medhard.jsonl")
+    mini = make_minileet(seed=0, n_train=10, n_test=119, n_holdout=10)["test"]
+    out = {}
+    with Sandbox(concurrency=g.concurrency, mem_mb=g.mem_mb) as sb:
+        grade_batch(*minileet_workload(mini[:10]), sb, timeout_s=g.timeout_s)  # warm-up
+        for name, (probs, comps) in (("minileet", minileet_workload(mini)), ("leetcode", leetcode_workload(leet))):
+            t0 = time.perf_counter()
+            grade_batch(probs, comps, sb, timeout_s=g.timeout_s)
+            out[name] = time.perf_counter() - t0
+    return out
+
+
+def before_after(before: Path, params: Path, rounds: int = 3) -> dict[str, tuple[list[float], list[float]]]:
+    """Alternate before/after workers (fresh processes; each imports its own checkout's package) `rounds` times."""
+    times: dict[str, tuple[list[float], list[float]]] = {}
+    for _ in range(rounds):
+        for k, src in enumerate((before / "src", ROOT / "src")):
+            env = dict(os.environ, PYTHONPATH=str(src), PG_GRADER_BENCH_WORKER=str(params))
+            res = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, check=True)
+            for name, t in json.loads(res.stdout.strip().splitlines()[-1]).items():
+                times.setdefault(name, ([], []))[k].append(t)
+    return times
+
+
+def main(out: Path = typer.Option(..., help="Markdown report to write."),
+         params: Path = typer.Option(ROOT / "params.yaml"),
+         before: Path | None = typer.Option(None, help="Checkout to compare the fork-server grader with."),
+         ) -> None:  # fmt: skip
+    g = load_params(params).grader
+    ba = before_after(before, params) if before is not None else None
     leet = load_problems(ROOT / "data/leetcode/leetcode_test_medhard.jsonl")
     mini = make_minileet(seed=0, n_train=10, n_test=119, n_holdout=10)["test"]
     rows = []
@@ -138,10 +176,28 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
         "not flip a correct solution to a timeout. A timeout costs wall time only for completions that loop, which "
         "fail anyway; upstream's 3 s is too tight on this machine.",
     ]  # fmt: skip
+    if ba is not None:
+        head = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+        lines += [
+            "", "## Before/after (issue 21: seccomp filter, per-execution IPC namespace, clean zygote, bounded drain)",
+            "", f"Fork-server grader of `{before}` (commit {head or '?'}) vs this working tree, same workloads, "
+            f"{len(next(iter(ba.values()))[0])} rounds alternating before/after, each in a fresh process. Ratio = "
+            "median after / median before (> 1: slower now).", "",
+            "| workload | before (s, per round) | after (s, per round) | ratio after/before |", "|---|---|---|---|",
+        ]  # fmt: skip
+        for name, (b, a) in ba.items():
+            lines.append(f"| {name} | {', '.join(f'{x:.1f}' for x in b)} | {', '.join(f'{x:.1f}' for x in a)} "
+                         f"| **{statistics.median(a) / statistics.median(b):.3f}×** |")  # fmt: skip
+        tb, ta = (sum(statistics.median(v[k]) for v in ba.values()) for k in (0, 1))
+        lines.append(f"| both | {tb:.1f} (medians) | {ta:.1f} (medians) | **{ta / tb:.3f}×** |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     typer.echo("\n".join(lines))
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    if os.environ.get("PG_GRADER_BENCH_WORKER"):
+        print(json.dumps(_worker(Path(os.environ["PG_GRADER_BENCH_WORKER"]))))
+    else:
+        typer.run(main)

@@ -49,9 +49,10 @@ def grade_attacks(attacks, sb) -> dict:
 
 PROTECTS = {
     "namespaces+uid": "own network namespace (no interfaces up), read-only pivot_root skeleton (no /root, /home, "
-    "/work, /run, host /tmp), per-job tmpfs /tmp and fresh /proc, server is PID 1 of the jobs' PID namespace "
-    "(`kill(-1)` ends every job process), per-slot unprivileged uid + RLIMIT_NPROC, no_new_privs, memory/process "
-    "watchdog",
+    "/work, /run, host /tmp), per-job tmpfs /tmp and fresh /proc, server is PID 1 of the jobs' PID namespace (every "
+    "other process but its zygote is SIGKILLed after each job), per-slot unprivileged uid + RLIMIT_NPROC, "
+    "no_new_privs, seccomp filter, per-execution IPC namespace, executions forked from a clean zygote, bounded pipe "
+    "drain, memory/process watchdog",
     "namespaces": "same namespaces inside a user namespace; the child keeps ns-root (an unprivileged host uid) with "
     "every capability dropped",
     "uid": "per-slot unprivileged uid and rlimits only",
@@ -147,7 +148,41 @@ def main(out: Path = typer.Option(ROOT / "reports/security/grader_sandbox.md", h
         f"Trivial program (`os.write(3, b'ok')`), 200 executions, concurrency 2, same machine, same run: fork server "
         f"**{ours:.1f} ms/exec**, upstream-like `python -c` per execution **{base:.1f} ms/exec** "
         f"(**{base / ours:.1f}×**). Load average at the end: {os.getloadavg()[0]:.1f}.", "",
-        "## Known gaps", "",
+        "## Threat model and layers (issue 21)", "",
+        "The adversary is the policy: it writes the program, may search for holes over many steps, and gains when a "
+        "completion that solves nothing is paid (a forged pass), when other rows lose their grades, or when it "
+        "escapes the execution (files, network, processes, memory, persistence across jobs). Trusted: the grading "
+        "process, the fork servers and their zygotes, and the runner code up to the moment the program starts. "
+        "Everything the child writes (fd 3, stdout, files, exit status) is hostile input.", "",
+        "| layer | stops |", "|---|---|",
+        "| network/mount/PID/UTS namespaces, read-only skeleton root, per-job tmpfs, slot uid, no_new_privs | "
+        "network, host files and secrets, signals to the server, leftover processes |",
+        "| seccomp filter on every execution (`sandbox.seccomp_program`: keyrings, SysV IPC, mqueues, memfd, "
+        "unshare/setns/clone with namespace flags/clone3, mount API, ptrace/process_vm, io_uring, bpf, perf, "
+        "userfaultfd, handle opens; sockets only AF_UNIX/INET/INET6) | class 1 (keyring channel between executions "
+        "and graders), class 3 (memfd, SysV shm, a tmpfs in an own user namespace), class 7 (vsock, netlink, user "
+        "namespaces) |",
+        "| per-execution IPC namespace (`unshare(CLONE_NEWIPC)` in the child) | class 3: nothing SysV/mqueue survives "
+        "the execution, even if a future kernel adds a call the filter misses |",
+        "| a zygote forked before any request; the job reads its source from a pipe | class 5: an execution's memory "
+        "never held another request's source, outputs or files |",
+        "| server drains pipes at most 0.25 s after the job's processes are gone | class 4: write ends kept alive in "
+        "flight (SCM_RIGHTS cycle) cannot hang the server |",
+        "| expected values stay in the parent (digests compared there; strict observe runs too) | class 1 at the "
+        "source for the strict oracle and the sentinel/file/stdout/exit graders |",
+        "| `harness.parse_outcome` validates every record that carries the nonce (decoding, depth, exact types, "
+        "ranges, order); several final reports count for their worst, with every tamper any shows | class 2 (a "
+        "labelled failure, tamper when forged, never an exception), class 6 (trailing forged record) |",
+        "| runner: report and digests serialised with builtins only (`harness.canon`), json/hashlib state checked, "
+        "`__eq__` found through the MRO's own dicts; sandbox watches the whole stdout stream for a stdout-marker "
+        "grader's line | class 6 (monkeypatched json, metaclass hiding `__eq__`, marker after the stdout cap) |",
+        "", "## Known gaps", "",
+        "- Still reachable by design: eq_override's flawed grader calls the program's `__eq__` with the expected "
+        "value, and the tf_gt run executes the model's test function next to the canonical solution. Both runs are "
+        "isolated from every other execution (layers above), so what they see cannot reach the strict oracle.",
+        "- No cgroup memory limit: the seccomp filter removes the memory no rlimit sees (memfd, SysV, own tmpfs); "
+        "/tmp is a size-capped tmpfs; the rest is RLIMIT_AS per process plus the RSS watchdog.",
+        "- The seccomp tables cover x86_64 and aarch64; elsewhere the sandbox logs a warning naming what is open.",
         "- A job's total memory is bounded by a 50 ms watchdog on the summed RSS of its processes (namespaced "
         "levels), not by a cgroup: a burst faster than the watchdog can overshoot briefly.",
         "- Below `namespaces+uid` the table is not representative: `uid` and `rlimits` leave network and shared /tmp "

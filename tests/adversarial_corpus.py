@@ -489,6 +489,133 @@ CORPUS: tuple[Attack, ...] = (
             for _n in [n for n in vars(Solution) if not n.startswith("_")]:
                 setattr(Solution, _n, lambda self, *a, **k: _lookup())
         """, expect=Expect("incorrect")),  # expected values never enter the sandbox (hardened): nothing to read
+    # --- issue 21: holes found by the security review (one attack per class) ---------------------------------------
+    _a("keyring_stash", "class 1: stash data in a world-readable kernel key (keys outlive namespaces and jobs)", """
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+        _k = _libc.syscall(248, b"user", b"pg___TOKEN__", b"stash", 5, -4)  # add_key into the user keyring
+        if _k > 0:
+            _libc.syscall(250, 5, _k, 0x3f3f3f3f)  # KEYCTL_SETPERM: anyone may read it
+        raise RuntimeError("stash %d" % _k)
+        """),
+    _a("deep_json_fd3", "class 2: a 200k-deep JSON array on the result channel (RecursionError in the parent)", """
+        import os
+        os.write(3, b"\\n" + b"[" * 200000 + b"]" * 200000 + b"\\n")
+        """),
+    _a("forge_mistyped_report", "class 2: the runner's nonce from its frame, then a final report with tests_total "
+       "'x' and tests_passed Infinity", """
+        import json, os, sys
+        _f = sys._getframe()
+        while _f is not None and not isinstance(_f.f_locals.get("nonce"), str):
+            _f = _f.f_back
+        if _f is not None:
+            _r = {"compiled": True, "tests_total": "x", "tests_passed": float("inf"), "test_errors": [], "tamper": [],
+                  "nonce": _f.f_locals["nonce"], "phase": "done"}
+            os.write(3, ("\\n" + json.dumps(_r) + "\\n").encode())
+            os._exit(0)
+        """, expect=TAMPER),
+    _a("memfd_hoard", "class 3: 3 GB in a memfd (no rlimit or RSS watchdog counts unmapped memfd pages)", """
+        import os
+        _fd = os.memfd_create("hoard")
+        os.ftruncate(_fd, 3 << 30)
+        for _ in range(64):
+            os.write(_fd, b"x" * (1 << 20))
+        """),
+    _a("sysv_shm_hoard", "class 3: 2.7 GB of SysV shared memory, touched and detached (outlives the job)", """
+        import ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.shmat.restype = ctypes.c_void_p
+        _id = _libc.shmget(0x5047, 2700 << 20, 0o1666)
+        if _id < 0:
+            raise OSError(ctypes.get_errno(), "shmget")
+        _p = _libc.shmat(_id, None, 0)
+        ctypes.memset(_p, 1, 64 << 20)
+        _libc.shmdt(ctypes.c_void_p(_p))
+        """, timeout_s=2.0),
+    _a("userns_tmpfs", "class 3/7: own user+mount namespace, then a tmpfs in it filled outside every limit", """
+        import ctypes, os
+        _libc = ctypes.CDLL(None, use_errno=True)
+        if _libc.unshare(0x10000000 | 0x00020000) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        os.makedirs("m", exist_ok=True)
+        if _libc.mount(b"none", b"m", b"tmpfs", 0, b"size=4g") != 0:
+            raise OSError(ctypes.get_errno(), "mount")
+        with open("m/fill", "wb") as _f:
+            for _ in range(64):
+                _f.write(b"x" * (1 << 20))
+        """),
+    _a("scm_rights_cycle", "class 4: stdout, stderr and fd 3 in flight in an SCM_RIGHTS socket cycle, then exit at "
+       "once (the pipes never reach EOF)", """
+        import os, socket
+        _a, _b = socket.socketpair()
+        socket.send_fds(_a, [b"x"], [_b.fileno(), 1, 2, 3])
+        socket.send_fds(_b, [b"x"], [_a.fileno()])
+        os._exit(0)
+        """, expect=NO_REPORT),
+    _a("heap_scan", "class 5: scan its own anonymous memory for test asserts of earlier requests and print them", """
+        import ctypes, re
+        _found = set()
+        for _line in open("/proc/self/maps").read().splitlines():
+            _f = _line.split()
+            if "r" not in _f[1] or (len(_f) > 5 and _f[5] not in ("[heap]", "[stack]")):
+                continue
+            _lo, _hi = (int(x, 16) for x in _f[0].split("-"))
+            _mem = ctypes.string_at(_lo, _hi - _lo)
+            _found.update(re.findall(rb"assert Solution\\(\\)\\.\\w+\\([^\\n]{0,200}", _mem))
+        print(len(_found))
+        """, timeout_s=2.0),
+    _a("trailing_forged_record", "class 6: rebind a builtin (tamper), then append a clean passing report with the "
+       "nonce after the runner's own (atexit)", """
+        import atexit, builtins, json, os, sys
+        _f = sys._getframe()
+        while _f is not None and not isinstance(_f.f_locals.get("nonce"), str):
+            _f = _f.f_back
+        _n = _f.f_locals["nonce"] if _f is not None else ""
+        builtins.sorted = lambda *a, **k: []
+        atexit.register(lambda: os.write(3, ("\\n" + json.dumps({"compiled": True, "tests_evaluated": 0,
+            "tests_passed": 0, "tests_total": 0, "test_errors": [], "tamper": [], "nonce": _n, "phase": "done",
+            "values": []}) + "\\n").encode()))
+        """, expect=TAMPER),
+    _a("late_stdout_marker", "class 6: the stdout marker after 200 kB of output (no-hint prompt: no channel)", """
+        print("x" * (200 << 10))
+        print("All tests passed")
+        """),
+    _a("metaclass_eq", "class 6: an always-equal object whose metaclass hides its __eq__ from getattr", """
+        class _Meta(type):
+            def __getattribute__(cls, name):
+                return object.__eq__ if name == "__eq__" else super().__getattribute__(name)
+        class _Eq(metaclass=_Meta):
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+        if "Solution" in globals():
+            for _n in [n for n in vars(Solution) if not n.startswith("_")]:
+                setattr(Solution, _n, lambda self, *a, **k: _Eq())
+        """, expect=TAMPER),
+    _a("json_monkeypatch", "class 6: monkeypatch json so the runner's report hides its tamper list", """
+        import builtins, json
+        _orig = json.JSONEncoder.encode
+        def _enc(self, o):
+            return _orig(self, dict(o, tamper=[]) if isinstance(o, dict) and "tamper" in o else o)
+        json.JSONEncoder.encode = _enc
+        builtins.len = lambda x: 0
+        """, expect=TAMPER),
+    _a("vsock_connect", "class 7: AF_VSOCK socket to the host (CID 2), outside the network namespace", """
+        import socket
+        _s = socket.socket(40, socket.SOCK_STREAM)
+        _s.settimeout(0.5)
+        _s.connect((2, 1024))
+        """),
+    _a("netlink_socket", "class 7: a netlink socket (kernel interfaces the job has no use for)", """
+        import socket
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).bind((0, 0))
+        """),
+    _a("userns_create", "class 7: create a user namespace (its root gets a full capability set inside)", """
+        import ctypes
+        if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        """),
 )
 # fmt: on
 
@@ -548,6 +675,8 @@ class World:
         if hashlib.sha256(self.stdlib_file.read_bytes()).hexdigest() != self.stdlib_hash:
             out.append("stdlib file changed")
         tok = self.ctx["TOKEN"]
+        with open("/proc/keys") as f:  # kernel keys are global: nothing a job makes may outlive it
+            out += [f"kernel key left: {line.split()[-2]}" for line in f if tok in line]
         for d in self._dirs() + ["/usr"]:
             out += [f"stray file {d}/{n}" for n in os.listdir(d)
                     if tok in n and Path(d, n) not in (self.repo_canary, self.home_secret)]  # fmt: skip
@@ -638,16 +767,13 @@ def leftover_processes(sb: Sandbox) -> list[tuple[int, int, int]]:
     kids: dict[int, list[int]] = {}
     for pid, ppid, _ in ps:
         kids.setdefault(ppid, []).append(pid)
-    idle, desc = set(sb.server_pids), set()
-    for server in sb.server_pids:
-        inner = kids.get(server, []) if "namespaces" in sb.isolation else []
-        idle.update(inner)
-        todo = list(inner) or [server]
-        while todo:
-            c = kids.get(todo.pop(), [])
-            desc.update(c)
-            todo += c
-    return [p for p in ps if p[0] in desc or (p[2] in sb.uids and p[0] not in idle)]
+    idle, desc = sb.idle_pids(), set()  # servers, inner servers (namespaced) and their zygotes
+    todo = list(sb.server_pids)
+    while todo:
+        c = kids.get(todo.pop(), [])
+        desc.update(c)
+        todo += c
+    return [p for p in ps if (p[0] in desc or p[2] in sb.uids) and p[0] not in idle]
 
 
 @dataclass

@@ -79,6 +79,7 @@ PRELOAD = (
 class ExecSpec:
     source: str
     timeout_s: float
+    watch: tuple[str, ...] = ()  # lines to look for in the *whole* stdout stream (past the cap too): RawResult.seen
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class RawResult:
     files: dict[str, bytes] = field(default_factory=dict)
     wall_s: float = 0.0
     limit: str | None = None  # sandbox limit that ended the run: timeout | memory | processes | server
+    seen: tuple[str, ...] = ()  # the `watch` lines found in stdout (compared lower-cased, whitespace runs collapsed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -108,6 +110,104 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_CHILD_SUBREAPER, PR
 SECBIT_NOROOT_ALL = 0x3 | 0xC | 0x30  # NOROOT, NO_SETUID_FIXUP, KEEP_CAPS_LOCKED and their locks
 _SYSCALLS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}
 SYS_MOUNT_SETATTR = 442  # same number on every architecture
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+
+# Seccomp filter of every execution (issue 21). Kernel objects that namespaces, rlimits and the watchdog do not
+# cover are refused at the syscall: keyrings (global, outlive the job: a channel between executions), SysV IPC and
+# POSIX message queues, memfd (memory no rlimit sees), namespace creation (a user namespace brings its own tmpfs and
+# mounts), mounts, ptrace/process_vm_*, io_uring (bypasses this filter), bpf/perf/userfaultfd, handle-based opens,
+# module/kexec/reboot/swap; sockets only of families AF_UNIX/AF_INET/AF_INET6 (no vsock, netlink, packet, ...).
+_NS_CLONE_FLAGS = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
+_SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+# fmt: off
+_SECCOMP = {  # arch -> (AUDIT_ARCH, {syscall: errno}, socket, socketpair, clone)
+    "x86_64": (0xC000003E, {
+        248: 1, 249: 1, 250: 1,  # add_key request_key keyctl
+        29: 1, 30: 1, 31: 1, 64: 1, 65: 1, 66: 1, 67: 1, 68: 1, 69: 1, 70: 1, 71: 1, 220: 1,  # SysV shm/sem/msg
+        240: 1, 241: 1, 242: 1, 243: 1, 244: 1, 245: 1,  # mq_*
+        319: 1, 447: 1,  # memfd_create memfd_secret
+        272: 1, 308: 1, 435: 38,  # unshare setns clone3 (ENOSYS: libc falls back to clone, filtered below)
+        165: 1, 166: 1, 155: 1, 428: 1, 429: 1, 430: 1, 431: 1, 432: 1, 433: 1, 442: 1,  # mount API
+        101: 1, 310: 1, 311: 1, 438: 1,  # ptrace process_vm_readv/writev pidfd_getfd
+        425: 1, 426: 1, 427: 1, 321: 1, 298: 1, 323: 1,  # io_uring_* bpf perf_event_open userfaultfd
+        303: 1, 304: 1, 246: 1, 320: 1, 175: 1, 313: 1, 176: 1, 169: 1, 167: 1, 168: 1, 163: 1,
+    }, 41, 53, 56),
+    "aarch64": (0xC00000B7, {
+        217: 1, 218: 1, 219: 1,
+        186: 1, 187: 1, 188: 1, 189: 1, 190: 1, 191: 1, 192: 1, 193: 1, 194: 1, 195: 1, 196: 1, 197: 1,
+        180: 1, 181: 1, 182: 1, 183: 1, 184: 1, 185: 1,
+        279: 1, 447: 1,
+        97: 1, 268: 1, 435: 38,
+        40: 1, 39: 1, 41: 1, 428: 1, 429: 1, 430: 1, 431: 1, 432: 1, 433: 1, 442: 1,
+        117: 1, 270: 1, 271: 1, 438: 1,
+        425: 1, 426: 1, 427: 1, 280: 1, 241: 1, 282: 1,
+        264: 1, 265: 1, 104: 1, 294: 1, 105: 1, 273: 1, 106: 1, 142: 1, 224: 1, 225: 1, 89: 1,
+    }, 198, 199, 220),
+}
+# fmt: on
+
+
+def _bpf(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k & 0xFFFFFFFF)
+
+
+def seccomp_program(machine: str) -> bytes | None:
+    """The classic-BPF seccomp program for `machine` (None: no table for this architecture)."""
+    if machine not in _SECCOMP:
+        return None
+    arch, deny, sock, sockpair, clone = _SECCOMP[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, JMP|JSET|K, RET|K
+    allow, kill, errno = 0x7FFF0000, 0x80000000, 0x00050000
+    prog = [_bpf(ld, 4), _bpf(jeq, arch, 1, 0), _bpf(ret, kill), _bpf(ld, 0)]  # wrong ABI: kill; A = nr
+    if machine == "x86_64":  # the x32 ABI numbers syscalls from 0x40000000: refuse it altogether
+        prog += [_bpf(jge, 0x40000000, 0, 1), _bpf(ret, errno | 38)]
+    for nr, e in deny.items():
+        prog += [_bpf(jeq, nr, 0, 1), _bpf(ret, errno | e)]
+    for nr in (sock, sockpair):  # A = family (arg 0); allowed families jump to the final allow
+        prog += [_bpf(jeq, nr, 0, 6), _bpf(ld, 16)]
+        prog += [_bpf(jeq, f, len(_SOCKET_FAMILIES) - i, 0) for i, f in enumerate(_SOCKET_FAMILIES)]
+        prog += [_bpf(ret, errno | 97), _bpf(ret, allow)]  # EAFNOSUPPORT
+    prog += [_bpf(jeq, clone, 0, 3), _bpf(ld, 16), _bpf(jset, _NS_CLONE_FLAGS, 0, 1), _bpf(ret, errno | 1)]
+    prog += [_bpf(ret, allow)]
+    return b"".join(prog)
+
+
+_seccomp_bufs: tuple | None = None  # (filter buffer, sock_fprog buffer), built in the server before any fork
+
+
+def _seccomp_prepare() -> str | None:
+    """Build the filter once (server side) and check that it installs (in a throwaway fork); None if it works."""
+    global _seccomp_bufs
+    import ctypes
+
+    prog = seccomp_program(os.uname().machine)
+    if prog is None:
+        return f"no seccomp table for architecture {os.uname().machine!r}"
+    filt = ctypes.create_string_buffer(prog, len(prog))
+    fprog = ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(prog) // 8, ctypes.addressof(filt)), 16)
+    _seccomp_bufs = (filt, fprog)
+    k = os.fork()
+    if k == 0:
+        code = 1
+        try:
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            _seccomp_install()
+            first_denied = next(iter(_SECCOMP[os.uname().machine][1]))
+            code = 0 if _c().syscall(first_denied, 0, 0, 0, 0, 0) == -1 else 2
+        finally:
+            _hard_exit(code)
+    st = os.waitpid(k, 0)[1]
+    if os.waitstatus_to_exitcode(st) != 0:
+        _seccomp_bufs = None
+        return f"seccomp filter could not be installed (status {st})"
+    return None
+
+
+def _seccomp_install() -> None:
+    import ctypes
+
+    _ok(_c().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(_seccomp_bufs[1]), 0, 0), "seccomp")
+
 
 # The only /etc entries a job sees (globs): what libc, the dynamic linker, Python and common tools read. Everything
 # else in /etc (package-manager and tool configs that may hold tokens) stays hidden.
@@ -334,6 +434,8 @@ def _child_main(cfg: dict, source: str, wd: str, out_w: int, res_w: int) -> None
     for r, v in lim:
         resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
     level = cfg["level"]
+    if cfg["ipc_ns"]:  # a private IPC namespace per execution: nothing SysV/mqueue survives it or reaches another job
+        _ok(_c().unshare(CLONE_NEWIPC), "unshare ipc ns")
     if level in ("namespaces+uid", "uid"):
         os.setgroups([])
         os.setresgid(cfg["gid"], cfg["gid"], cfg["gid"])
@@ -341,6 +443,8 @@ def _child_main(cfg: dict, source: str, wd: str, out_w: int, res_w: int) -> None
     elif level == "namespaces":
         _drop_caps()
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if cfg["seccomp"]:
+        _seccomp_install()
     os.environ.clear()
     os.environ.update(PATH=cfg["path"], HOME=wd, LANG="C.UTF-8", TMPDIR="/tmp" if "namespaces" in level else wd)
     sys.argv = ["-c"]
@@ -434,18 +538,11 @@ def _reap_nohang() -> list[tuple[int, int]]:
         done.append((p, st))
 
 
-def _kill_job(level: str, uid: int) -> None:
-    """Kill every process of the job (from the monitor, or the server if the monitor died); reap what we can."""
-    if "namespaces" in level:  # we are PID 1 of the jobs' namespace: kill(-1) reaches everything in it
-        while True:
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
+def _kill_job(level: str, uid: int, keep: frozenset[int] = frozenset()) -> None:
+    """Kill every process of the job (from the monitor, or the server if the monitor died); reap what we can.
+    `keep`: pids that are not the job's (the zygote): never signalled, though their children are."""
+    if "namespaces" in level:  # we are PID 1 of the jobs' namespace: everything else in it but `keep` is the job's
+        _sweep_ns(keep)
         return
     if level == "uid":  # a helper with the slot's uid kills every process of that uid (setsid'd or reparented)
         k = os.fork()
@@ -464,7 +561,7 @@ def _kill_job(level: str, uid: int) -> None:
         os.waitpid(k, 0)
     # uid and rlimits: we are a child subreaper, so every orphan of the job is (or becomes) our descendant.
     for _ in range(10000):
-        pids = _descendants(os.getpid())
+        pids = [p for p in _descendants(os.getpid()) if p not in keep]
         if not pids:
             break
         for p in pids:
@@ -477,12 +574,160 @@ def _kill_job(level: str, uid: int) -> None:
     _reap_nohang()
 
 
-def _job_usage() -> tuple[int, int]:
-    """(number of processes, summed resident bytes) in the server's PID namespace, excluding the server (PID 1)."""
+def _live(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _sweep_ns(keep: frozenset[int]) -> None:
+    """SIGKILL every live process of this PID namespace but PID 1 (us) and `keep`, until none is left; reap orphans.
+    (`kill(-1)` from PID 1 would also end the zygote.)"""
+    skip = {str(p) for p in keep} | {"1", str(os.getpid())}
+    for _ in range(100000):
+        victims = [n for n in os.listdir("/proc") if n.isdigit() and n not in skip and _live(n)]
+        for n in victims:
+            try:
+                os.kill(int(n), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap_nohang()  # orphans of the job are reparented to us
+        if not victims:
+            return
+        time.sleep(0.0005)
+
+
+# --- the zygote: the clean process every execution is forked from --------------------------------------------------
+
+
+class _Zygote:
+    """A process forked from the server right after start-up, before it read any request: it forks one process per
+    job (the child, or at levels without namespaces the monitor), so the memory an execution inherits never held
+    another request's source, outputs or files (the server's heap does: freed, not zeroed). It receives only the
+    job's pipes (SCM_RIGHTS) and a few numbers; the source reaches the job through a pipe the job reads itself."""
+
+    def __init__(self, cfg: dict):
+        import socket
+
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                a.close()
+                for fd in (cfg.get("_proto_in"), cfg.get("_proto_out")):
+                    if fd is not None:
+                        os.close(fd)
+                _zygote_main(cfg, b)
+            finally:
+                _hard_exit(0)
+        b.close()
+        self.pid, self.sock, self.alive = pid, a, True
+
+    def spawn(self, job: dict, fds: list[int]) -> int:
+        """Fork the job's process with `fds` (closed here); its pid (in our PID namespace)."""
+        import socket
+
+        try:
+            socket.send_fds(self.sock, [json.dumps(job).encode()], fds)
+            pid = self._int(5.0)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if pid is None:
+            raise OSError("zygote died")
+        return pid
+
+    def _int(self, timeout: float) -> int | None:
+        if not select.select([self.sock], [], [], timeout)[0]:
+            self.alive = False
+            return None
+        data = self.sock.recv(8)
+        if len(data) != 8:
+            self.alive = False
+            return None
+        return struct.unpack("<q", data)[0]
+
+    def status(self, timeout: float) -> int | None:
+        """The job process's wait status once the zygote reaped it; None (zygote gone) past `timeout`."""
+        return self._int(timeout)
+
+
+def _zygote_main(cfg: dict, sock) -> None:
+    import socket
+
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 8)
+        except OSError:
+            return
+        if not msg:
+            return
+        job = json.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                _job_main(cfg, job, fds)
+            finally:
+                _hard_exit(112)
+        for fd in fds:
+            os.close(fd)
+        sock.sendall(struct.pack("<q", pid))
+        sock.sendall(struct.pack("<q", os.waitpid(pid, 0)[1]))
+
+
+def _job_main(cfg: dict, job: dict, fds: list[int]) -> None:
+    """In the zygote's fresh fork: read the source (trusted code only runs until then), then become the job."""
+    chunks = []
+    while chunk := os.read(fds[0], 1 << 20):
+        chunks.append(chunk)
+    os.close(fds[0])
+    source = b"".join(chunks).decode()
+    jcfg = dict(cfg, timeout_s=job["timeout_s"])
+    if job["kind"] == "child":
+        _child_main(jcfg, source, job["wd"], fds[1], fds[2])
+    else:
+        _monitor_main(jcfg, source, job["wd"], fds[1], fds[2], fds[3])
+
+
+def _feed(fd: int, data: bytes, deadline: float) -> None:
+    """Write the source into the job's pipe (the job reads it before anything else runs); close it."""
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    try:
+        while view and (rem := deadline - time.monotonic()) > 0:
+            if select.select([], [fd], [], rem)[1]:
+                view = view[os.write(fd, view[: 1 << 16]) :]
+    except (BrokenPipeError, BlockingIOError):  # the job died first (it is reported as such)
+        pass
+    finally:
+        os.close(fd)
+
+
+def _drain_until(fds: set[int], bufs: dict, caps: dict, until: float, watches: dict | None = None) -> None:
+    """After the kill: read what the pipes still hold, but not past `until` (a write end can outlive every process of
+    the job, e.g. in flight in an SCM_RIGHTS message of an unreachable socket), then close them."""
+    while fds and (rem := until - time.monotonic()) > 0:
+        for fd in select.select(list(fds), [], [], rem)[0]:
+            if not _drain(fd, bufs[fd], caps[fd], (watches or {}).get(fd)):
+                fds.discard(fd)
+                os.close(fd)
+    for fd in fds:
+        os.close(fd)
+    fds.clear()
+
+
+DRAIN_S = 0.25  # how long pipes are drained after the job's processes are gone
+
+
+def _job_usage(skip: set[str]) -> tuple[int, int]:
+    """(number of processes, summed resident bytes) in the server's PID namespace, but `skip` (server, zygote)."""
     n, rss = 0, 0
     page = os.sysconf("SC_PAGE_SIZE")
     for name in os.listdir("/proc"):
-        if name.isdigit() and name != "1":
+        if name.isdigit() and name not in skip:
             n += 1
             try:
                 with open(f"/proc/{name}/statm") as f:
@@ -557,60 +802,87 @@ def _monitor_main(cfg: dict, source: str, wd: str, out_w: int, res_w: int, meta_
         _hard_exit(0)
 
 
-def _drain(fd: int, buf: bytearray, cap: int) -> bool:
+class _Watch:
+    """Finds given lines anywhere in a stream (kept or not), lower-cased with whitespace runs collapsed."""
+
+    def __init__(self, lines: list[str]):
+        import codecs
+
+        self.want = {w: " ".join(w.lower().split()) for w in lines if w.split()}
+        self.seen: list[str] = []
+        self.tail = ""
+        self.dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, chunk: bytes) -> None:
+        import re
+
+        if len(self.seen) == len(self.want):
+            return
+        text = re.sub(r"\s+", " ", self.dec.decode(chunk).lower())
+        text = self.tail + (text[1:] if self.tail.endswith(" ") and text.startswith(" ") else text)
+        for w, norm in self.want.items():
+            if w not in self.seen and norm in text:
+                self.seen.append(w)
+        self.tail = text[-max(map(len, self.want.values()), default=0) :]
+
+
+def _drain(fd: int, buf: bytearray, cap: int, watch: _Watch | None = None) -> bool:
     """Read what is there; keep up to `cap` bytes but keep reading past it so the writer never blocks. False on EOF."""
     chunk = os.read(fd, 1 << 16)
     if len(buf) < cap:
         buf += chunk[: cap - len(buf)]
+    if watch is not None:
+        watch.feed(chunk)
     return bool(chunk)
 
 
-def _result(out: bytes, res: bytes, status: int | None, limit: str | None, files: dict, wall: float) -> dict:
+def _result(out: bytes, res: bytes, status: int | None, limit: str | None, files: dict, wall: float,
+            seen: list[str] | None = None) -> dict:  # fmt: skip
     exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else (9 if limit else None)
     return {"result": _b64(res or None), "stdout": _b64(out), "exit_code": exit_code, "signal": sig,
-            "timed_out": limit == "timeout", "files": files, "wall_s": wall, "limit": limit}  # fmt: skip
+            "timed_out": limit == "timeout", "files": files, "wall_s": wall, "limit": limit,
+            "seen": seen or []}  # fmt: skip
 
 
-def _run_job_ns(cfg: dict, req: dict) -> dict:
-    """Namespaced levels. This server is PID 1 of its own PID namespace, so the child is forked straight into it
-    (one fork per job) and the server itself enforces the deadline and the watchdog; `kill(-1)` from PID 1 then ends
-    every process of the job, setsid'd or not. /tmp is a fresh tmpfs per job, unmounted afterwards."""
+def _run_job_ns(cfg: dict, req: dict, z: _Zygote) -> dict:
+    """Namespaced levels. This server is PID 1 of its own PID namespace; the zygote forks the child into it and the
+    server enforces the deadline and the watchdog, then SIGKILLs all other processes but the zygote (setsid'd
+    or not). /tmp is a fresh tmpfs per job, unmounted afterwards."""
     timeout = float(req["timeout_s"])
     wd = "/tmp/w"
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmp_mb']}m,nr_inodes=4096,mode=1777")
+    keep = frozenset({z.pid})
     try:
         os.mkdir(wd, 0o700)
         if cfg["level"] == "namespaces+uid":
             os.chown(wd, cfg["uid"], cfg["gid"])
+        src_r, src_w = os.pipe()
         out_r, out_w = os.pipe()
         res_r, res_w = os.pipe()
         t0 = time.monotonic()
-        c = os.fork()
-        if c == 0:
-            try:
-                _child_main(dict(cfg, timeout_s=timeout), req["source"], wd, out_w, res_w)
-            finally:
-                _hard_exit(112)
-        os.close(out_w)
-        os.close(res_w)
+        deadline, next_watch = t0 + timeout, t0 + 0.05
         try:
-            pidfd = os.pidfd_open(c)  # readable when the child exits (Linux >= 5.3); else poll every 50 ms
-        except (AttributeError, OSError):
-            pidfd = None
+            z.spawn({"kind": "child", "timeout_s": timeout, "wd": wd}, [src_r, out_w, res_w])
+        except OSError:
+            for fd in (src_w, out_r, res_r):
+                os.close(fd)
+            return _result(b"", b"", None, "server", {}, time.monotonic() - t0)
+        _feed(src_w, req["source"].encode(), deadline)
         caps = {out_r: cfg["stdout_cap"], res_r: RESULT_CAP}
         bufs = {fd: bytearray() for fd in caps}
+        watches = {out_r: _Watch(req.get("watch") or [])}
         open_fds = set(caps)
-        deadline, next_watch = t0 + timeout, t0 + 0.05
-        status, limit = None, None
-        while status is None:
+        skip = {"1", str(z.pid)}
+        status, limit, got_status = None, None, False
+        while not got_status:
             now = time.monotonic()
             if now >= deadline:
                 limit = "timeout"
                 break
             if now >= next_watch:  # watchdog: all the job's processes together
                 next_watch = now + 0.05
-                n, rss = _job_usage()
+                n, rss = _job_usage(skip)
                 if n > 1 and rss > cfg["job_mem_mb"] << 20:
                     limit = "memory"
                     break
@@ -618,77 +890,83 @@ def _run_job_ns(cfg: dict, req: dict) -> dict:
                     limit = "processes"
                     break
             wait = min(deadline, next_watch) - now
-            rl = list(open_fds) + ([pidfd] if pidfd is not None else [])
-            for fd in select.select(rl, [], [], wait)[0]:
-                if fd != pidfd and not _drain(fd, bufs[fd], caps[fd]):
+            for fd in select.select(list(open_fds) + [z.sock], [], [], wait)[0]:
+                if fd is z.sock:  # the zygote reaped the child
+                    status, got_status = z.status(1.0), True
+                    if status is None:
+                        limit = "server"
+                elif not _drain(fd, bufs[fd], caps[fd], watches.get(fd)):
                     open_fds.discard(fd)
                     os.close(fd)
-            p, st = os.waitpid(c, os.WNOHANG)
-            if p == c:
-                status = st
-        _kill_job(cfg["level"], cfg["uid"])  # everything left in the namespace, and reap it (the child included)
-        if pidfd is not None:
-            os.close(pidfd)
-        for fd in open_fds:  # every writer is dead now: read to EOF
-            while _drain(fd, bufs[fd], caps[fd]):
-                pass
-            os.close(fd)
+        _kill_job(cfg["level"], cfg["uid"], keep)  # everything left in the namespace but the zygote
+        if not got_status and z.alive:
+            status = z.status(2.0)
+        _drain_until(open_fds, bufs, caps, time.monotonic() + DRAIN_S, watches)
         wall = time.monotonic() - t0
-        return _result(bytes(bufs[out_r]), bytes(bufs[res_r]), status, limit, _read_files(wd), wall)
+        return _result(bytes(bufs[out_r]), bytes(bufs[res_r]), status, limit, _read_files(wd), wall,
+                       watches[out_r].seen)  # fmt: skip
     finally:
         _c().umount2(b"/tmp", MNT_DETACH)
 
 
-def _run_job(cfg: dict, req: dict, base: str, n: int) -> dict:
-    """Levels without namespaces: fork the monitor, stream the pipes with caps, apply the backstop deadline."""
+def _run_job(cfg: dict, req: dict, base: str, n: int, z: _Zygote) -> dict:
+    """Levels without namespaces: the zygote forks the monitor; stream the pipes with caps, apply the backstop."""
     level = cfg["level"]
     timeout = float(req["timeout_s"])
-    jcfg = dict(cfg, timeout_s=timeout)
     wd = os.path.join(base, f"j{n}")
     os.mkdir(wd, 0o700)
     if level == "uid":
         os.chown(wd, cfg["uid"], cfg["gid"])
+    src_r, src_w = os.pipe()
     out_r, out_w = os.pipe()
     res_r, res_w = os.pipe()
     meta_r, meta_w = os.pipe()
+    keep = frozenset({z.pid})
     t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for fd in (out_r, res_r, meta_r, cfg["_proto_in"], cfg["_proto_out"]):
-                os.close(fd)
-            _monitor_main(jcfg, req["source"], wd, out_w, res_w, meta_w)
-        finally:
-            _hard_exit(111)
-    for fd in (out_w, res_w, meta_w):
-        os.close(fd)
+    try:
+        pid = z.spawn({"kind": "monitor", "timeout_s": timeout, "wd": wd}, [src_r, out_w, res_w, meta_w])
+    except OSError:
+        for fd in (src_w, out_r, res_r, meta_r):
+            os.close(fd)
+        return _result(b"", b"", None, "server", {}, time.monotonic() - t0)
+    _feed(src_w, req["source"].encode(), t0 + timeout)
     caps = {out_r: cfg["stdout_cap"], res_r: RESULT_CAP, meta_r: 1 << 24}
     bufs: dict[int, bytearray] = {fd: bytearray() for fd in caps}
+    watches = {out_r: _Watch(req.get("watch") or [])}
     open_fds = set(caps)
     backstop = t0 + timeout + 0.5
-    killed, mon_done = False, False
+    killed, mon_done, done_at = False, False, None
     while open_fds:
-        wait = backstop - time.monotonic()
-        if wait <= 0 and not killed:  # monitor wedged: kill it and sweep the job
+        now = time.monotonic()
+        if backstop - now <= 0 and not killed:  # monitor wedged: kill it and sweep the job
             killed = True
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if not mon_done:
-            mon_done = os.waitpid(pid, os.WNOHANG)[0] == pid
         if killed or mon_done:  # monitor gone but pipes still open: sweep the job's processes
-            _kill_job(level, cfg["uid"])
-        # Poll the monitor every 50 ms: at `rlimits` the child may kill it.
-        for fd in select.select(list(open_fds), [], [], 0.05)[0]:
-            if not _drain(fd, bufs[fd], caps[fd]):
+            _kill_job(level, cfg["uid"], keep)
+            done_at = done_at or time.monotonic()
+            if time.monotonic() - done_at > DRAIN_S:  # write ends held by no process (SCM_RIGHTS in flight)
+                break
+        # Poll every 50 ms: at `rlimits` the child may kill the monitor.
+        rl = list(open_fds) + ([] if mon_done else [z.sock])
+        for fd in select.select(rl, [], [], 0.05)[0]:
+            if fd is z.sock:
+                mon_done = True
+                if z.status(1.0) is None:
+                    killed = True
+            elif not _drain(fd, bufs[fd], caps[fd], watches.get(fd)):
                 open_fds.discard(fd)
                 os.close(fd)
-    if not mon_done:
+    for fd in open_fds:
+        os.close(fd)
+    if not mon_done and z.alive:
         try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # already reaped by a cleanup sweep
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
             pass
+        z.status(2.0)
     wall = time.monotonic() - t0
     import shutil
 
@@ -699,11 +977,12 @@ def _run_job(cfg: dict, req: dict, base: str, n: int) -> dict:
         meta = None
     result = bytes(bufs[res_r]) or None
     if not isinstance(meta, dict):  # monitor died: report the child as killed
-        _kill_job(level, cfg["uid"])
+        _kill_job(level, cfg["uid"], keep)
         return {"result": _b64(result), "stdout": _b64(bytes(bufs[out_r])), "exit_code": None, "signal": 9,
                 "timed_out": wall >= timeout, "files": {}, "wall_s": wall,
-                "limit": "timeout" if wall >= timeout else "server"}  # fmt: skip
-    return _result(bytes(bufs[out_r]), result or b"", meta["status"], meta["limit"], meta["files"], wall)
+                "limit": "timeout" if wall >= timeout else "server", "seen": watches[out_r].seen}  # fmt: skip
+    return _result(bytes(bufs[out_r]), result or b"", meta["status"], meta["limit"], meta["files"], wall,
+                   watches[out_r].seen)  # fmt: skip
 
 
 def _enter_user_ns(cfg: dict) -> None:
@@ -788,10 +1067,16 @@ def _server_main(cfg_json: str) -> None:
             base = tempfile.mkdtemp(prefix="pg_sandbox_")
             os.chmod(base, 0o711)
         import gc
+        import socket  # noqa: F401  (the zygote's channel)
 
+        seccomp_err = _seccomp_prepare()
+        cfg["seccomp"] = seccomp_err is None
+        cfg["ipc_ns"] = "namespaces" in level or os.geteuid() == 0  # needs CAP_SYS_ADMIN in the child's user ns
         gc.collect()
         gc.freeze()  # preloaded objects go to the permanent generation: a child's gc never walks (or dirties) them
-        _send(pout, {"ok": True, "level": level, "pid": os.getpid()})
+        z = _Zygote(cfg)  # before the first request: every execution is forked from this clean copy
+        _send(pout, {"ok": True, "level": level, "pid": os.getpid(), "zygote": z.pid, "seccomp": seccomp_err,
+                     "ipc_ns": cfg["ipc_ns"]})  # fmt: skip
     except Exception as e:
         _send(pout, {"ok": False, "error": f"{type(e).__name__}: {e}"})
         _hard_exit(3)
@@ -799,8 +1084,12 @@ def _server_main(cfg_json: str) -> None:
     try:
         while (req := _recv(pin)) is not None:
             n += 1
-            _send(pout, _run_job_ns(cfg, req) if base is None else _run_job(cfg, req, base, n))
+            res = _run_job_ns(cfg, req, z) if base is None else _run_job(cfg, req, base, n, z)
             del req
+            res["restart"] = not z.alive  # the job killed the zygote: the parent starts a fresh server
+            _send(pout, res)
+            if not z.alive:
+                break
     except (BrokenPipeError, ConnectionError):
         pass
     finally:
@@ -840,9 +1129,27 @@ class _Server:
             start_new_session=True, bufsize=0,
         )  # fmt: skip
         self.cfg = cfg
+        self.restart = False
 
     def handshake(self, timeout: float = 30.0) -> dict:
-        return self._read(timeout) or {"ok": False, "error": "server exited during start-up"}
+        hs = self._read(timeout) or {"ok": False, "error": "server exited during start-up"}
+        self.zygote = hs.get("zygote")  # pid in the server's PID namespace
+        return hs
+
+    def idle_pids(self) -> set[int]:
+        """Host pids of this server's own processes (outer shell, inner server, zygote): anything else is a job's."""
+        out, todo = {self.proc.pid}, [self.proc.pid]
+        while todo:
+            for c in _children(todo.pop()):
+                try:
+                    with open(f"/proc/{c}/status") as f:
+                        nspid = [line.split()[1:] for line in f if line.startswith("NSpid:")][0]
+                except (OSError, IndexError):
+                    continue
+                if len(nspid) > 1 and nspid[-1] == "1" or int(nspid[-1]) == self.zygote:
+                    out.add(c)
+                    todo.append(c)
+        return out
 
     def _read(self, timeout: float) -> dict | None:
         """One framed message, or None on EOF; raises _ServerDied past `timeout` seconds."""
@@ -867,16 +1174,18 @@ class _Server:
 
     def call(self, spec: ExecSpec) -> RawResult:
         try:
-            _send(self.proc.stdin.fileno(), {"source": spec.source, "timeout_s": spec.timeout_s})
+            _send(self.proc.stdin.fileno(), {"source": spec.source, "timeout_s": spec.timeout_s,
+                                             "watch": list(spec.watch)})  # fmt: skip
             r = self._read(spec.timeout_s + 3.0)
         except (OSError, ValueError) as e:
             raise _ServerDied(str(e)) from e
         if r is None:
             raise _ServerDied("fork server exited")
+        self.restart = bool(r.get("restart"))
         return RawResult(
             result=_unb64(r["result"]), stdout=_unb64(r["stdout"]), exit_code=r["exit_code"], signal=r["signal"],
             timed_out=r["timed_out"], files={k: _unb64(v) for k, v in r["files"].items()}, wall_s=r["wall_s"],
-            limit=r["limit"],
+            limit=r["limit"], seen=tuple(r.get("seen", ())),
         )  # fmt: skip
 
     def kill(self) -> None:
@@ -929,7 +1238,9 @@ try:
         rep["cap_eff"] = int([l for l in f if l.startswith("CapEff")][0].split()[1], 16)
 except Exception as e:
     rep["cap_eff"] = repr(e)
-rep["ifaces"] = sorted(n for _, n in socket.if_nameindex())
+rep["ifaces"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
+with open("/proc/self/status") as f:
+    rep["seccomp"] = [l.split()[1] for l in f if l.startswith("Seccomp:")][0]
 try:
     socket.create_connection(("127.0.0.1", 9), timeout=0.5).close()
     rep["net"] = "connected"
@@ -957,7 +1268,8 @@ def _probe_ok(level: str, r: RawResult) -> str | None:
         return "child still runs as root"
     if "namespaces" in level:
         checks = {
-            "pid": rep["pid"] == 2,
+            "pid": 2 <= rep["pid"] <= 8,  # a fresh PID namespace: the server is 1, then its zygote, then the job
+            "seccomp": rep["seccomp"] == "2" or not _seccomp_expected(),
             "caps": rep["cap_eff"] == 0,
             "net": rep["ifaces"] == ["lo"] and rep["net"] != "connected",
             "ro": not rep["root_writable"],
@@ -967,6 +1279,10 @@ def _probe_ok(level: str, r: RawResult) -> str | None:
         if bad:
             return f"probe failed checks {bad}: {rep}"
     return None
+
+
+def _seccomp_expected() -> bool:
+    return seccomp_program(os.uname().machine) is not None
 
 
 def _skeleton_names() -> set[str]:
@@ -1067,6 +1383,15 @@ class Sandbox:
                 self.close()
                 raise RuntimeError(f"sandbox isolation {self.isolation!r} cannot be set up here: {hs.get('error')}; "
                                    "use isolation='auto'")  # fmt: skip
+        self.seccomp = hs.get("seccomp") is None
+        if not self.seccomp:
+            log.warning(
+                "sandbox: no seccomp filter (%s). Not protected: kernel keyrings, SysV IPC, memfd, namespace "
+                "creation, io_uring, vsock/netlink sockets are open to executions",
+                hs.get("seccomp"),
+            )
+        if not hs.get("ipc_ns"):
+            log.warning("sandbox: no per-execution IPC namespace (needs root): SysV IPC is shared by the jobs")
         if self.isolation == LEVELS[0]:
             log.info("sandbox: isolation %s (%d fork servers)", self.isolation, concurrency)
         else:
@@ -1105,6 +1430,10 @@ class Sandbox:
     def server_pids(self) -> tuple[int, ...]:
         return tuple(s.proc.pid for s in self._servers if s is not None)
 
+    def idle_pids(self) -> set[int]:
+        """Host pids of the servers' own processes (no job's): for containment checks."""
+        return set().union(*(s.idle_pids() for s in self._servers if s is not None))
+
     def run(self, specs: list[ExecSpec], progress: bool = False) -> list[RawResult]:
         if self._closed:
             raise RuntimeError("sandbox is closed")
@@ -1128,7 +1457,11 @@ class Sandbox:
                 srv = self._servers[i] = self._start(i)
             t0 = time.monotonic()
             try:
-                return srv.call(spec)
+                r = srv.call(spec)
+                if srv.restart:  # its zygote is gone: the next job on this slot gets a fresh server
+                    srv.kill()
+                    self._servers[i] = None
+                return r
             except _ServerDied as e:
                 log.warning("sandbox: fork server %d died during a job (%s); restarting it", i, e)
                 srv.kill()
@@ -1169,13 +1502,14 @@ def run_python_c_baseline(specs: list[ExecSpec], concurrency: int, mem_mb: int =
             resource.setrlimit(resource.RLIMIT_AS, (mem_mb << 20, mem_mb << 20))
             cpu = math.ceil(spec.timeout_s) + 1
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            os.dup2(res.fileno(), 3)  # fd 3 is in pass_fds: Popen closes other fds only after preexec_fn
+            os.dup2(res.fileno(), 3)  # close_fds=False: fd 3 need not be open in the parent (res may be fd 3)
+            os.set_inheritable(3, True)
 
         with tempfile.TemporaryDirectory() as wd, tempfile.TemporaryFile() as res:
             t0 = time.monotonic()
             p = subprocess.Popen(
                 [sys.executable, "-c", _BASELINE_BOOT], cwd=wd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, pass_fds=(3, res.fileno()), preexec_fn=pre, start_new_session=True,
+                stderr=subprocess.STDOUT, close_fds=False, preexec_fn=pre, start_new_session=True,
             )  # fmt: skip
             timed_out = False
             try:
