@@ -113,9 +113,10 @@ def before_after(before: Path, params: Path, rounds: int = 3) -> dict[str, tuple
 def main(out: Path = typer.Option(..., help="Markdown report to write."),
          params: Path = typer.Option(ROOT / "params.yaml"),
          before: Path | None = typer.Option(None, help="Checkout to compare the fork-server grader with."),
+         rounds: int = typer.Option(3, min=1, help="Before/after rounds (alternating, each in a fresh process)."),
          ) -> None:  # fmt: skip
     g = load_params(params).grader
-    ba = before_after(before, params) if before is not None else None
+    ba = before_after(before, params, rounds) if before is not None else None
     leet = load_problems(ROOT / "data/leetcode/leetcode_test_medhard.jsonl")
     mini = make_minileet(seed=0, n_train=10, n_test=119, n_holdout=10)["test"]
     rows = []
