@@ -176,8 +176,8 @@ def main(out: Path = typer.Option(ROOT / "reports/security/grader_sandbox.md", h
         "| runner: report and digests serialised with builtins only (`harness.canon`), json/hashlib state checked, "
         "`__eq__` found through the MRO's own dicts; sandbox watches the whole stdout stream for a stdout-marker "
         "grader's line | class 6 (monkeypatched json, metaclass hiding `__eq__`, marker after the stdout cap) |",
-        "", "Every class has tests in `tests/test_sandbox_holes.py` (27 cases); all 27 failed on the code before the fix "
-        "(commit 86523b4, the tests copied into a worktree of it) and pass now. `reports/bench/grader.md` has the "
+        "", "Every class has tests in `tests/test_sandbox_holes.py` (27 cases); all 27 failed on the code before the "
+        "fix (commit 86523b4, the tests copied into a worktree of it) and pass now. `reports/bench/grader.md` has the "
         "throughput before/after.",
         "", "## Known gaps", "",
         "- Still reachable by design: eq_override's flawed grader calls the program's `__eq__` with the expected "
