@@ -270,6 +270,11 @@ def test_I8_route_per_rollout_conservation(r, k):
     # all m_n = 0 ⇒ vanilla: main == g bitwise (rotated), nothing routed
     main0, knob0 = route_per_rollout(g_n @ R, k, torch.zeros(N, dtype=F64))
     assert torch.equal(main0, (g_n @ R).sum(0)) and torch.equal(knob0, torch.zeros(r, dtype=F64))
+    # own-token pieces (a shared prompt forward) do not sum to g: the rest of g stays in main, the knob is the same
+    g = g_n.sum(0) + torch.randn(r, generator=gen(10), dtype=F64)  # + the shared prompt positions' part
+    main_s, knob_s = route_per_rollout(g_n @ R, k, m, g @ R)
+    torch.testing.assert_close(main_s + knob_s, g @ R, atol=1e-12, rtol=0)
+    assert torch.equal(knob_s, knob)
 
 
 @pytest.mark.parametrize("r,k", SHAPES)

@@ -25,9 +25,10 @@ from projected_grpo.arms import ARMS, get_arm
 from projected_grpo.basis import Basis, act_basis, build_basis, completion_grads, encode, pooled_activations
 from projected_grpo.checkpoint import read_checkpoint
 from projected_grpo.config import Params
+from projected_grpo.logprobs import padded
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import MODES, apply_mode
-from projected_grpo.pool import PoolRow, pad_ids
+from projected_grpo.pool import PoolRow
 from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.train import (
@@ -164,6 +165,7 @@ def test_I12_measure_only_equals_vanilla_through_the_loop(world, tmp_path):
 
 NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_per_token", "refresh"), ("route_per_rollout_random", "refresh"), ("route_per_rollout", "act+refresh"),
+    ("route_per_rollout", "shared"),
 ]  # fmt: skip
 
 
@@ -172,7 +174,8 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     """Same rewards, different ground-truth labels and pass flags: a routing arm's parameters are bitwise equal,
     also when the basis is refreshed mid-run (held-out extraction pairs only) and with the activation-space gate."""
     p = tiny_params(projection={"refresh_every": 2} if "refresh" in variant else None,
-                    basis={"space": "act"} if "act" in variant else None)  # fmt: skip
+                    basis={"space": "act"} if "act" in variant else None,
+                    share_prompt="shared" in variant)  # fmt: skip
     a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
     b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
     assert same(a, b)
@@ -181,11 +184,13 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
 
 
 @pytest.mark.parametrize("arm,variant", [("erase_no_gate", ""), ("route_batch", ""), ("route_per_rollout", ""),
-                                         ("route_per_token", ""), ("route_per_rollout", "act")])  # fmt: skip
+                                         ("route_per_token", ""), ("route_per_rollout", "act"),
+                                         ("route_per_rollout", "shared")])  # fmt: skip
 def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
-    """After real GRPO steps: erase keeps Vh δS = 0 and no knob; route (per-token and act-gated included) keeps the
-    knob inside span(Vh), one-sided, and really routes something."""
-    res = run(world, arm, tmp_path / "r", p=tiny_params(basis={"space": "act"} if variant == "act" else None))
+    """After real GRPO steps: erase keeps Vh δS = 0 and no knob; route (per-token, act-gated and with a shared prompt
+    forward included) keeps the knob inside span(Vh), one-sided, and really routes something."""
+    p = tiny_params(basis={"space": "act"} if variant == "act" else None, share_prompt=variant == "shared")
+    res = run(world, arm, tmp_path / "r", p=p)
     vh = world["basis"].vh
     for n, (d, kn) in res.items():
         if n not in vh:
@@ -340,7 +345,7 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     pm = torch.zeros_like(pi)
     for i, x in enumerate(prompts):  # left-padded, as the rollout's prompts
         pi[i, Tp - len(x) :], pm[i, Tp - len(x) :] = torch.tensor(x), 1
-    ci, cm = pad_ids([tuple(c) for c in comps], tok.pad_token_id)
+    ci, cm = padded([tuple(c) for c in comps], tok.pad_token_id)
     v = torch.randn(m.config.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad(), residual_capture(m, layer) as hid:
         rollout_logprobs(m, pi, pm, ci, cm, 0.7)
@@ -391,11 +396,93 @@ def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
         assert float(g0.norm()) > 0
 
 
-@pytest.mark.parametrize("arm", ["vanilla", "erase_one_sided", "route_per_rollout"])
+def _own_token_reference(m, ids, att, pos, own, loss_fn) -> dict[str, torch.Tensor]:
+    """Per-row own-token gradients by another route: one full per-row forward with per-token capture along every
+    coordinate (dirs = I), summed over the `own` positions (b, L). {module: (b, D)}."""
+    from projected_grpo.adapter import token_capture
+
+    m.zero_grad(set_to_none=True)
+    with token_capture(m, {n: torch.eye(a.dim) for n, a in adapters(m).items()}) as caps:
+        loss_fn(m(input_ids=ids, attention_mask=att, position_ids=pos).logits).backward()
+    return {n: (a.token_coef * own[..., None].to(a.token_coef.dtype)).sum(1) for n, a in caps.items()}
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_shared_prompt_probes_read_own_token_gradients(world, kind):
+    """Under a shared prompt forward the probes are paused in the prompt: `e.grad[n]` is row n's gradient from its
+    own completion positions only, which a full per-row forward with per-token capture gives independently; δS.grad
+    stays the whole gradient (the prompt positions' part, absent from every row's probe, is not zero)."""
+    from projected_grpo.adapter import probes
+    from projected_grpo.logprobs import shared_prompt_logprobs, token_logprobs
+    from projected_grpo.model import render_prompt
+    from projected_grpo.rollout import generate, group_runs
+
+    tok = world["tok"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4, kind=kind)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(90 + i)))
+    recs = world["records"][:2]
+    ro = generate(m, tok, [render_prompt(tok, list(q.prompt)) for q in recs], 3, 10, 1.0, 1.0, seed=3)
+    for i, n in enumerate([10, 4, 7, 2, 10, 6]):
+        ro.mask[i, n:], ro.completion_ids[i, n:] = 0, tok.pad_token_id
+    pi, pm, ci, cm = ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.mask
+    w = torch.linspace(-1.0, 1.0, pi.shape[0])[:, None]
+    m.zero_grad(set_to_none=True)
+    with probes(m, pi.shape[0]) as es:
+        lp = shared_prompt_logprobs(m, pi, pm, ci, cm, 0.7, *group_runs(pi, pm))
+        (torch.where(cm.bool(), lp, 0.0) * w).sum().backward()
+    full = {n: a.delta.grad.clone() for n, a in adapters(m).items()}
+    ids, att = torch.cat([pi, ci], 1), torch.cat([pm, cm], 1)
+    pos, Tp = (att.cumsum(-1) - 1).clamp(min=0), pi.shape[1]
+
+    def loss(logits):
+        lp = token_logprobs(logits[:, Tp - 1 : -1], ci, 0.7)
+        return (torch.where(cm.bool(), lp, 0.0) * w).sum()
+
+    own = torch.zeros_like(att)
+    own[:, Tp:] = 1  # the completion tokens' positions (padding past EOS feeds no used logit)
+    ref = _own_token_reference(m, ids, att, pos, own, loss)
+    for n in full:
+        torch.testing.assert_close(es[n].grad, ref[n], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(full[n], adapters(m)[n].delta.grad, atol=1e-6, rtol=1e-4)  # whole g, both ways
+    prompt_part = sum(float((full[n] - es[n].grad.sum(0)).norm()) for n in full)
+    assert prompt_part > 1e-3 * sum(float(full[n].norm()) for n in full), "the prompt positions carry gradient"
+
+
+def test_completion_grads_own_tokens(world):
+    """basis.completion_grads(own_tokens=True), the gate calibration's gradients under a shared prompt forward: each
+    row's completion positions only, as the per-token reference gives them; whole gradients differ."""
+    from projected_grpo.logprobs import batch_sequences, mean_nll, token_logprobs
+
+    tok = world["tok"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(50 + i)))
+    recs = world["records"][:3]
+    comps = ["```python\npass\n```", "x = 1", "```python\nclass Solution:\n    pass\n```"]
+    got = completion_grads(m, tok, recs, comps, 0.7, own_tokens=True)
+    whole = completion_grads(m, tok, recs, comps, 0.7)
+    prompts, cs = encode(tok, recs, comps)
+    ids, att, cm = batch_sequences(prompts, cs, tok.pad_token_id)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    ref = _own_token_reference(
+        m, ids, att, pos, cm, lambda lg: mean_nll(token_logprobs(lg[:, :-1], ids[:, 1:], 0.7), cm[:, 1:]).sum()
+    )
+    for n in got:
+        torch.testing.assert_close(got[n], ref[n], atol=1e-6, rtol=1e-4)
+    assert max(float((whole[n] - got[n]).norm()) for n in got) > 1e-4
+
+
+@pytest.mark.parametrize("arm", ["vanilla", "erase_one_sided"])
 def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
     """Whole GRPO runs with grpo.share_prompt on and off reach the same adapters up to float rounding (vanilla and
-    erase share the policy forward, route_per_rollout only the reference forward); the sampled rollouts agree, so
-    every logged reward is equal. β is large so that the reference forward weighs in the gradient."""
+    erase share the policy forward); the sampled rollouts agree, so every logged reward is equal. β is large so that
+    the reference forward weighs in the gradient. (Per-rollout routing reads own-token gradients when the prompt is
+    shared, a different per-row signal: test_shared_prompt_probes_read_own_token_gradients.)"""
     off = run(world, arm, tmp_path / "off", p=tiny_params(share_prompt=False, micro_batch=6, beta=0.5))  # splits groups
     on = run(world, arm, tmp_path / "on", p=tiny_params(share_prompt=True, micro_batch=6, beta=0.5))
     assert log_column(tmp_path / "off", "reward") == log_column(tmp_path / "on", "reward")

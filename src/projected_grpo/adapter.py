@@ -8,7 +8,8 @@ Each wrapped `nn.Linear` y = W x gets a trainable vector `delta` (δS) and a sam
 Both start at exactly zero, so the wrapped model is bit-identical to the base (the correction is an exact zero that
 is added to the untouched base output). `e_n` is the per-sample probe: a zero leaf of shape (N, D) broadcast over the
 tokens of batch row n, so `e.grad[n]` is rollout n's exact gradient on δS (eq. 1: Σ_t b_t ⊙ a_t) and
-Σ_n e.grad[n] = δS.grad. δS and δS_h enter as a sum, so autograd gives them identical raw gradients (I3).
+Σ_n e.grad[n] = δS.grad (with a shared prompt forward, `probes_paused`: row n's own-token part of it). δS and δS_h
+enter as a sum, so autograd gives them identical raw gradients (I3).
 
 Why not PEFT for the LoRA arm: PEFT's LoRA trains A and B together (δW bilinear, so a fixed parameter direction is
 not a fixed weight direction), has no second tied "knob" tensor that shares B's basis, and offers no per-sample
@@ -290,6 +291,24 @@ def probes(model: nn.Module, n: int) -> Iterator[dict[str, Tensor]]:
     finally:
         for a in ads.values():
             a.probe = None
+
+
+@contextmanager
+def probes_paused(model: nn.Module) -> Iterator[None]:
+    """Probes and per-token capture off for a forward whose batch rows are not the probed rows: the shared-prompt
+    forward of `logprobs.shared_prompt_logprobs` runs each distinct prompt once for the G rows of its group. What runs
+    inside reaches δS.grad (the sum over rows) but no row's probe, so `e.grad[n]` becomes row n's *own-token*
+    gradient: Σ_t b_t ⊙ a_t over its completion tokens only (the prompt positions' part, which the rows of a group
+    share, stays in δS.grad)."""
+    ads = list(adapters(model).values())
+    saved = [(a.probe, a.token_dirs) for a in ads]
+    for a in ads:
+        a.probe, a.token_dirs = None, None
+    try:
+        yield
+    finally:
+        for a, (pr, td) in zip(ads, saved):
+            a.probe, a.token_dirs = pr, td
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from projected_grpo.adapter import adapters, probes
-from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
+from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll, padded, shared_prompt_logprobs
 from projected_grpo.model import render_prompt
 
 METHODS = ("svd", "mean_diff", "random", "solve_orth")
@@ -211,19 +211,27 @@ def encode(tokenizer, records, completions: list[str]) -> tuple[list[list[int]],
     return prompts, comps
 
 
-def completion_grads(model, tokenizer, records, completions: list[str], temperature: float, batch_size: int = 16
-                     ) -> dict[str, Tensor]:  # fmt: skip
+def completion_grads(model, tokenizer, records, completions: list[str], temperature: float, batch_size: int = 16,
+                     own_tokens: bool = False) -> dict[str, Tensor]:  # fmt: skip
     """Per-completion ∇_δS ℓ(o|q), ℓ = mean NLL over completion tokens at `temperature`: {module: (n, D_m)}.
 
     One backward per batch through the adapter probes (e.grad[i] is row i's exact gradient, I4); δS itself gets no
-    gradient kept. The adapters' current δS/δS_h are the extraction point (0 at init)."""
+    gradient kept. The adapters' current δS/δS_h are the extraction point (0 at init). `own_tokens`: only the
+    completion positions' part of each gradient (the prompt runs with probes paused, as in a shared-prompt GRPO
+    forward; `logprobs.shared_prompt_logprobs`), so a gate calibrated on these scores reads what training reads."""
     prompts, comps = encode(tokenizer, records, completions)
     pad = tokenizer.pad_token_id
     out: dict[str, list[Tensor]] = {n: [] for n in adapters(model)}
     for s in range(0, len(prompts), batch_size):
-        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], pad)
-        with probes(model, ids.shape[0]) as es:
-            logp, mask = completion_logprobs(model, ids, att, cm, temperature)
+        with probes(model, len(prompts[s : s + batch_size])) as es:
+            if own_tokens:
+                pi, pm = padded(prompts[s : s + batch_size], pad, left=True)  # (b, Tp)
+                ci, cm = padded(comps[s : s + batch_size], pad)  # (b, T)
+                rows = torch.arange(pi.shape[0])
+                logp, mask = shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, rows, rows), cm
+            else:
+                ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], pad)
+                logp, mask = completion_logprobs(model, ids, att, cm, temperature)
             nll = mean_nll(logp, mask)  # (b,)
             if not torch.isfinite(nll).all():
                 raise ValueError(f"non-finite NLL for completions {s}..{s + len(nll) - 1}")

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from projected_grpo.adapter import probes_paused
+
 
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
     """(B, T, V) logits, (B, T) target ids -> (B, T) log π(id | prefix) at `temperature` (log_softmax(logits / T))."""
@@ -31,6 +33,19 @@ def batch_sequences(prompts: list[list[int]], completions: list[list[int]], pad_
         att[i, :n] = 1
         cm[i, len(p) : n] = 1
     return ids, att, cm
+
+
+def padded(seqs, pad_id: int, left: bool = False) -> tuple[Tensor, Tensor]:
+    """(ids, mask), each (n, max(1, longest)): token lists padded on the right (completions) or the left (prompts, as
+    `generate` lays them out)."""
+    T = max(1, max(len(s) for s in seqs))
+    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        cols = slice(T - len(s), T) if left else slice(0, len(s))
+        ids[i, cols] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, cols] = 1
+    return ids, mask
 
 
 def completion_logprobs(model, ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, temperature: float
@@ -68,8 +83,11 @@ def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, compl
     The U prompts run in one forward (cache on, last-position logits only); their KV cache is indexed out to the B rows
     (a gather, so gradients from every row of a group sum back into the shared prompt activations, exactly as the
     chain rule sums them over the B identical prompt copies of `rollout_logprobs`); the completions then run on top.
-    GRPO prompts are ~8× longer than completions on the organism, so a group of G rows costs about one prompt instead of
-    G. Rows are not separable through the shared prompt: per-rollout gradient probes need `rollout_logprobs`."""
+    GRPO prompts are ~8× longer than completions on the organism, so a group of G rows costs about one prompt instead
+    of G. Rows are not separable through the shared prompt, so gradient probes are paused in the prompt forward
+    (`adapter.probes_paused`): with probes open, `e.grad[n]` is row n's own-token gradient (its completion
+    positions), while δS.grad is the full gradient, prompt positions included. `rollout_logprobs` gives whole
+    per-row gradients."""
     T = completion_ids.shape[1]
     t = max(1, int(mask.sum(-1).max()))  # columns past every row's EOS are padding: not run, their log-probs are 0
     completion_ids, mask = completion_ids[:, :t], mask[:, :t]
@@ -77,7 +95,9 @@ def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, compl
     att = torch.cat([prompt_mask, mask], dim=1)  # (B, Tp + t); tokens after EOS are masked out
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     Tp = prompt_ids.shape[1]
-    out = model(input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True, logits_to_keep=1)
+    with probes_paused(model):  # U prompt rows, not the B probed rows
+        out = model(input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True,
+                    logits_to_keep=1)  # fmt: skip
     cache = out.cache
     for layer in cache.layers:  # (U, h, Tp, d) -> (B, h, Tp, d)
         layer.keys, layer.values = layer.keys[owner], layer.values[owner]

@@ -12,8 +12,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import torch
-
 from projected_grpo.grader import ChunkGrader
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import mode_of
@@ -77,13 +75,3 @@ def draw(pool: dict[int, list[PoolRow]], prompt_id: int, k: int, rng: random.Ran
         raise ValueError(f"the teacher pool has no completions for prompt {prompt_id}; rebuild it (dvc repro pool)")
     return rng.sample(rows, k) if k <= len(rows) else [rng.choice(rows) for _ in range(k)]
 
-
-def pad_ids(seqs: list[tuple[int, ...]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (ids, mask) (n, T) for completion token lists."""
-    T = max(1, max(len(s) for s in seqs))
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return ids, mask

@@ -79,12 +79,15 @@ def edit_coords(x: Tensor, k: int, arm: str) -> tuple[Tensor, Tensor]:
 # --- per-sample routing (method.md §3.5) --------------------------------------------------------------------------
 
 
-def route_per_rollout(x_n: Tensor, k: int, m: Tensor) -> tuple[Tensor, Tensor]:
-    """(N, r) rotated per-rollout grads, (N,) gates in [0, 1] -> (main, knob), each (r,); main + knob = Σ_n x_n.
+def route_per_rollout(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates in [0, 1] -> (main, knob), each (r,); main + knob = total.
 
-    One-sided *per rollout*, on the actual loss gradient: a hack rollout with A_n < 0 has α_n < 0 and routes nothing
-    whatever its gate. Unlike batch mode, main and knob are not orthogonal (h is a sum of per-sample pieces)."""
-    total = x_n.sum(0)  # (r,) = Rᵀ g, g = Σ_n g_n
+    `total` (r,) is the rotated batch gradient Rᵀ g; None means Σ_n x_n (whole per-rollout gradients sum to g). With
+    a shared prompt forward the x_n are own-token gradients, which do not sum to g: pass g, and the rest (the shared
+    prompt positions' part) stays in main. One-sided *per rollout*, on the actual loss gradient: a hack rollout with
+    A_n < 0 has α_n < 0 and routes nothing whatever its gate. Unlike batch mode, main and knob are not orthogonal
+    (h is a sum of per-sample pieces)."""
+    total = x_n.sum(0) if total is None else total  # (r,) = Rᵀ g, g = Σ_n g_n
     knob = torch.zeros_like(total)
     knob[:k] = (m.to(x_n.dtype)[:, None] * x_n[:, :k].clamp(min=0)).sum(0)  # (k,) ≥ 0
     return total - knob, knob

@@ -50,6 +50,7 @@ from projected_grpo.logprobs import (
     batch_sequences,
     completion_logprobs,
     mean_nll,
+    padded,
     rollout_logprobs,
     shared_prompt_logprobs,
 )
@@ -57,7 +58,7 @@ from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.optim import RotatedAdam
 from projected_grpo.pairs import Pair, pair_records, select_pairs
-from projected_grpo.pool import PoolRow, draw, pad_ids
+from projected_grpo.pool import PoolRow, draw
 from projected_grpo.rewards import CORRECTNESS_REWARD, gt_only
 from projected_grpo.rollout import Rollout, check_records_fit, generate, group_runs
 
@@ -121,7 +122,7 @@ def mixed_rollout(model, tok, recs, G: int, n_pool: int, pool, rng: random.Rando
         for row in pool_rows[g * n_pool : (g + 1) * n_pool]:
             seqs.append(row.token_ids)
             texts.append(row.completion), src.append(g * Gs), is_student.append(False)
-    ids, mask = pad_ids(seqs, tok.pad_token_id)  # (N, T) right-padded, mask up to and including EOS
+    ids, mask = padded(seqs, tok.pad_token_id)  # (N, T) right-padded, mask up to and including EOS
     idx = torch.tensor(src)
     return Rollout(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask,
                    texts=texts), is_student  # fmt: skip
@@ -262,9 +263,10 @@ def pool_completion(h: Tensor, n_prompt: int, mask: Tensor) -> Tensor:
 
 
 def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: list[str], pj, temperature: float,
-                   act_layer: int | None) -> tuple[tuple[float, float], float]:  # fmt: skip
+                   act_layer: int | None, own_tokens: bool = False) -> tuple[tuple[float, float], float]:  # fmt: skip
     """((τ_lo, τ_hi), AUROC) from the held-out calibration pairs at the current parameters, with the gate's own score:
-    windowed token cosines (per token), pooled activations · v_act (act space), or per-completion cosines with ν."""
+    windowed token cosines (per token), pooled activations · v_act (act space), or per-completion cosines with ν
+    (of own-token gradients when training reads those: a shared prompt forward)."""
     if not kept:  # nothing to route: an infinite threshold gates nothing
         return (math.inf, math.inf), math.nan
     if edit == "route_per_token":
@@ -277,8 +279,8 @@ def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: l
                   for side in (cal.hack, cal.clean))  # fmt: skip
         auc = auroc(sh, sc)
     else:
-        gh = completion_grads(model, tok, cal.records, cal.hack, temperature)
-        gc = completion_grads(model, tok, cal.records, cal.clean, temperature)
+        gh = completion_grads(model, tok, cal.records, cal.hack, temperature, own_tokens=own_tokens)
+        gc = completion_grads(model, tok, cal.records, cal.clean, temperature, own_tokens=own_tokens)
         sh, sc = cosine_scores(gh, cur.nu), cosine_scores(gc, cur.nu)
         auc = auroc(sh, sc)
     model.zero_grad(set_to_none=True)
@@ -326,9 +328,12 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                          "the basis stage; re-run it after changing act_layer)")  # fmt: skip
     per_token = arm.edit == "route_per_token"
     # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
-    # reference forward always can; the policy forward only where no per-row signal is read through the prompt (the
-    # per-rollout probes, per-token capture and the activation gate need every row's own prompt copy).
-    shared_policy = g.share_prompt and arm.edit not in ("route_per_rollout", "route_per_token") and act_layer is None
+    # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
+    # rollout's own-token gradient (its completion positions; the group's shared prompt positions stay in main), and
+    # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
+    # activation gate index full-length rows, so they keep every row's own prompt copy.
+    shared_policy = g.share_prompt and arm.edit != "route_per_token" and act_layer is None
+    own_tokens = shared_policy and arm.edit == "route_per_rollout"  # probes see completion positions only
     check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
 
     # The current basis (None for basis-free arms): the stage's, or after a refresh the re-extracted one.
@@ -387,7 +392,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         # ---- gate calibration on held-out pairs (gated routing), every recal_every steps and after a refresh ------
         if arm.edit in GATED and (step % pj.recal_every == 0 or refreshed or math.isinf(tau[0])):
             with timer("gate_calibration"):
-                tau, gate_auroc = calibrate_gate(model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer)
+                tau, gate_auroc = calibrate_gate(
+                    model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer, own_tokens
+                )
 
         # ---- rollout: B prompts × G completions with the training policy (knob on) ------------------------------
         recs = rng.sample(records, B)
@@ -421,7 +428,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
                 with torch.no_grad(), adapters_disabled(model), timer("ref_forward"):
                     ref = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs)
-            probe = nullcontext({}) if shared_policy else probes(model, pi.shape[0])
+            probe = probes(model, pi.shape[0]) if own_tokens or not shared_policy else nullcontext({})
             with probe as es, token_capture(model, dirs) as caps, residual_capture(model, act_layer) as hid:
                 with timer("forward"):
                     logp = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs if shared_policy else None)
@@ -469,7 +476,8 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             if n not in rot or arm.edit in ("vanilla", "measure_only"):
                 main[n], knob[n] = x, torch.zeros_like(x)
             elif arm.edit == "route_per_rollout":
-                main[n], knob[n] = proj.route_per_rollout(opt.rotate({n: gs[n]})[n], k[n], m_gate)
+                total = x if own_tokens else None  # own-token pieces do not sum to g: the prompt part stays in main
+                main[n], knob[n] = proj.route_per_rollout(opt.rotate({n: gs[n]})[n], k[n], m_gate, total)
             elif per_token:  # h = Σ_{n,t} m_{n,t} Vhᵀ relu(α_{n,t}) over completion tokens
                 main[n], knob[n] = proj.route_per_token(torch.cat(tok_alpha[n]), m_tok, x)
             else:
