@@ -2,7 +2,8 @@
 
 Curve: checkpoints 0, every `eval.curve_every`-th and the last on the monitor subset (`eval.n_samples_curve` samples;
 step 0 is the base policy, so eval_sets' base scores stand for it once δS = 0 is checked). Endpoint: the last
-checkpoint on the full test split (`eval.n_samples`). Routed arms are scored knob off (deploy) and knob on; their
+checkpoint on the full test split (`eval.n_samples`); the last curve point reads the monitor records' first samples
+from it (nothing is sampled twice). Routed arms are scored knob off (deploy) and knob on; their
 adapter-off state is the base policy, copied from eval_sets. Writes per_mode_deploy.json (counts k/n by state,
 surface and mode), curve.tsv and a flat metrics.json. Thin CLI over projected_grpo.evaluation.
 """
@@ -55,16 +56,20 @@ def main(
         for step in tqdm(ev.curve_steps(steps, e.curve_every), desc=f"evaluate {arm} s{seed}"):
             load_adapter(model, adapter_path(run, step))
             for st in states:
+                last = None
+                if step == steps[-1]:  # the endpoint first: the curve point is a subset of its samples
+                    with ev.state(model, st):
+                        ends = ev.score(model, tok, full, e.n_samples, p, sb, end_t)
+                    final[st] = ev.tally(ends)
+                    last = ev.subset_samples(ends, mon, e.n_samples_curve)
                 if ev.adapter_is_zero(model):  # step 0: the base policy, already scored by eval_sets
                     t = base["monitor"]
+                elif last is not None:
+                    t = ev.tally(last)
                 else:
                     with ev.state(model, st):
                         t = ev.tally(ev.score(model, tok, mon, e.n_samples_curve, p, sb, curve_t))
                 rows.append(ev.curve_row(step, st, t))
-            if step == steps[-1]:
-                for st in states:
-                    with ev.state(model, st):
-                        final[st] = ev.tally(ev.score(model, tok, full, e.n_samples, p, sb, end_t))
     if a.routes:
         final["adapter_off"] = base["full"]
     atomic.write_json(out / "per_mode_deploy.json", {

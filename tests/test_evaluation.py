@@ -75,6 +75,18 @@ def test_tally_counts_per_surface_and_mode_and_problem_pass():
                                               "deploy_hack_train": 0.5}  # fmt: skip
 
 
+def test_subset_samples_reads_the_curve_point_off_the_endpoint():
+    """The last checkpoint's monitor curve point = the first k endpoint samples of each monitor record (the same
+    record objects), in the endpoint's order; None when the endpoint has fewer samples per record than the curve."""
+    recs = [_rec(1, None), _rec(2, None), _rec(3, "sentinel", "eval")]
+    samples = [ev.Scored(r, f"{r.id}-{j}", _grade("incorrect", False)) for r in recs for j in range(2)]  # record-major
+    mon = [recs[0], recs[2]]
+    assert [s.completion for s in ev.subset_samples(samples, mon, 1)] == ["1-0", "3-0"]
+    assert [s.completion for s in ev.subset_samples(samples, mon, 2)] == ["1-0", "1-1", "3-0", "3-1"]
+    assert ev.subset_samples(samples, mon, 3) is None
+    assert ev.subset_samples(samples, [_rec(1, None)], 1) is None  # an equal record that was not sampled
+
+
 # --- merged-weight sampling and deploy states ---------------------------------------------------------------------
 
 

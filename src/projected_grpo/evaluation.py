@@ -123,6 +123,21 @@ def monitor_subset(passed: dict[int, bool], n: int, seed: int) -> list[int]:
     return sorted(pos[:n_pos] + neg[:n_neg])
 
 
+def subset_samples(samples: list[Scored], records: list[Problem], k: int) -> list[Scored] | None:
+    """The first `k` samples of each of `records` (the same objects as in `samples`' records) from samples drawn
+    record-major (`sample_and_score`): the last checkpoint's monitor-subset curve point is read off its full-split
+    endpoint samples instead of being sampled again. None if some record has fewer than `k` samples."""
+    want = {id(r) for r in records}
+    seen: dict[int, int] = {}
+    out = []
+    for s in samples:
+        key = id(s.record)
+        if key in want and seen.get(key, 0) < k:
+            seen[key] = seen.get(key, 0) + 1
+            out.append(s)
+    return out if len(seen) == len(want) and all(v == k for v in seen.values()) else None
+
+
 def curve_steps(steps: list[int], every: int) -> list[int]:
     """Checkpoint steps on the eval curve: 0, multiples of `every`, and the last."""
     if not steps:
