@@ -67,7 +67,7 @@ def run_once(work: Path, code: Path, arm: str, params: Path, out: Path) -> list[
            "--basis", "artifacts/basis", "--pairsets", "data/pairsets", "--out", str(out / "ck"),
            "--log", str(out / "log.tsv"), "--metrics", str(out / "m.json"), "--timings", str(out / "t.tsv"),
            "--params", str(params)]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(code / "src"))
+    env = dict(os.environ, PYTHONPATH=str(code / "src"), OMP_WAIT_POLICY="PASSIVE")  # as dvc.yaml's commands
     subprocess.run(cmd, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(out / "t.tsv") as f:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f, delimiter="\t")]
