@@ -21,6 +21,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,9 +404,20 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
 
-        # ---- reward and advantage (Dr.GRPO: r − group mean, no std) -----------------------------------------------
-        with timer("grade"):
-            grades = grade_fn(rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
+        # ---- reward and advantage (Dr.GRPO: r − group mean, no std); the reference forward needs no reward, so it
+        # runs while the sandbox grades (the reference policy is the adapter turned off, method.md §3.1) ----------
+        mbs = [slice(s, min(N, s + g.micro_batch)) for s in range(0, N, g.micro_batch)]
+        with ThreadPoolExecutor(max_workers=1) as grading:
+            graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
+            refs = [None] * len(mbs)
+            if g.beta > 0:
+                with torch.no_grad(), adapters_disabled(model), timer("ref_forward"):
+                    for i, sl in enumerate(mbs):
+                        pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+                        runs = group_runs(pi, pm) if g.share_prompt else None
+                        refs[i] = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs)
+            with timer("grade"):  # what is left of grading once the reference forward is done
+                grades = graded.result()
         rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng)  # (N,)
         adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
 
@@ -420,14 +432,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         stats = {"clip_frac": 0.0, "kl": 0.0}
         l_max = r.max_new_tokens
         dirs = token_dirs(cur, kept) if per_token else {}
-        for s in range(0, N, g.micro_batch):
-            sl = slice(s, min(N, s + g.micro_batch))
+        for sl, ref in zip(mbs, refs):
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
             runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
-            ref = None
-            if g.beta > 0:  # the reference policy is the adapter turned off (method.md §3.1)
-                with torch.no_grad(), adapters_disabled(model), timer("ref_forward"):
-                    ref = loss_logprobs(model, pi, pm, ci, cm, r.temperature, runs)
             probe = probes(model, pi.shape[0]) if own_tokens or not shared_policy else nullcontext({})
             with probe as es, token_capture(model, dirs) as caps, residual_capture(model, act_layer) as hid:
                 with timer("forward"):
