@@ -18,7 +18,10 @@ timing logs (<work>/logs/): GRPO's sampling, grading, reference forward, policy 
 (`train.STEP_PHASES`; the rest of a step is "other"), evaluation's sampling (grading overlaps it) and the grading
 left after the last chunk.
 
-Each --label is a column of the report (before / after), so the speed work is shown side by side.
+Each --label is a column of the report (before / after), so the speed work is shown side by side. `--jobs 2` runs
+the copy through `python -m projected_grpo.repro -j 2` instead (two stages at a time) and records its total wall
+time; for every complete label the report also gives the default DAG's wall time one and two stages at a time, by
+list scheduling of the extrapolated stage times (`simulate`).
 """
 
 from __future__ import annotations
@@ -94,6 +97,77 @@ def run_stages(work: Path, times: Path) -> None:
         print(f"{stage}: {wall:.0f} s", flush=True)
 
 
+def run_parallel(work: Path, times: Path, jobs: int) -> float:
+    """The whole DAG through `python -m projected_grpo.repro -j jobs` (the copy's own code); each stage's wall time
+    from its start/done events (measured while other stages shared the machine). Returns the total wall time."""
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(work / "src"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "projected_grpo.repro", "-j", str(jobs), "--no-run-cache"], cwd=work,
+                       env=env, capture_output=True, text=True)  # fmt: skip
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"error: the parallel run failed in {work}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    start, rows = {}, []
+    for line in r.stdout.splitlines():  # "[    123 s] start  <stage>" / "done   <stage>"
+        if line.startswith("[") and "] " in line:
+            sec, rest = line[1:].split(" s] ", 1)
+            what, stage = rest.split()
+            if what == "start":
+                start[stage] = float(sec)
+            elif what == "done":
+                rows.append(f"{stage}\t{float(sec) - start[stage]:.1f}\n")
+    times.write_text("".join(rows))
+    return wall
+
+
+def simulate(durations: dict[str, float], deps: dict[str, set[str]], jobs: int) -> float:
+    """Wall time of running `durations`' stages on `jobs` workers with projected_grpo.repro's rule (a stage once all
+    it reads is done; most waiting descendants first): list scheduling, event by event."""
+    from projected_grpo.repro import closure
+
+    down = {n: {m for m in durations if n in deps[m]} for n in durations}
+    weight = {n: len(closure({n}, down)) for n in durations}
+    now, done, running = 0.0, set(), {}  # running: stage -> end time
+    while len(done) < len(durations):
+        ready = sorted((n for n in durations if n not in done and n not in running and deps[n] <= done),
+                       key=lambda n: (-weight[n], n))  # fmt: skip
+        for n in ready[: jobs - len(running)]:
+            running[n] = now + durations[n]
+        n = min(running, key=running.get)
+        now = running.pop(n)
+        done.add(n)
+    return now
+
+
+def default_dag(work: Path, rows: dict[str, float], scale: str) -> tuple[dict[str, float], dict[str, set[str]]]:
+    """Per-stage durations and deps of the default DAG: a scaled copy's seed-41 train/evaluate stages become one
+    stage per default seed, each 1/DEFAULT_SEEDS of the extrapolated time (which counts all seeds)."""
+    from projected_grpo.repro import dag
+
+    deps, _ = dag(work)
+    if scale == "default":
+        return rows, {n: deps[n] & set(rows) for n in rows}
+    per_seed = {n for n in rows if n.split("@")[0] in ("train", "train_ref", "evaluate", "evaluate_ref")}
+    seeds = [41 + i for i in range(DEFAULT_SEEDS)]
+
+    def expand(n: str) -> list[str]:
+        return [n.rsplit("-", 1)[0] + f"-{s}" for s in seeds] if n in per_seed else [n]
+
+    dur: dict[str, float] = {}
+    dd: dict[str, set[str]] = {}
+    for n, v in rows.items():
+        for m in expand(n):
+            dur[m] = v / DEFAULT_SEEDS if n in per_seed else v
+            dd[m] = set()
+            for d in deps[n] & set(rows):  # a per-seed stage reads the same seed's runs; the reports read them all
+                xs = expand(d)
+                if n in per_seed and d in per_seed:
+                    xs = [x for x in xs if x.rsplit("-", 1)[1] == m.rsplit("-", 1)[1]]
+                dd[m] |= set(xs)
+    return dur, dd
+
+
 def read_times(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -150,20 +224,31 @@ def main(
     extra: str = typer.Option("{}", help="JSON params sections laid over the copy's params (a smoke run)."),
     report_only: bool = typer.Option(False, help="Write the report from the stages timed so far; run nothing."),
     note: str = typer.Option("", help="Conditions of this run, printed under its column (e.g. other load)."),
+    jobs: int = typer.Option(1, help="1: stage by stage (`dvc repro -s`); N > 1: the whole DAG through "
+                             "`python -m projected_grpo.repro -j N`, its total wall time reported too."),
 ) -> None:
     if scale not in ("scaled", "default"):
         raise typer.BadParameter("--scale must be scaled or default")
     work = work / f"{label}-{scale}"
+    wall_file = work / "wall.txt"
     if not report_only:
         setup(work, scale, json.loads(extra))
-        run_stages(work, work / "times.tsv")
+        if jobs > 1:
+            wall_file.write_text(f"{run_parallel(work, work / 'times.tsv', jobs):.1f}\n")
+        else:
+            run_stages(work, work / "times.tsv")
     ph = phases(work)
     rows = {r["stage"]: extrapolate(r["stage"], r["s"], ph, work, scale) for r in read_times(work / "times.tsv")}
     data = out.with_suffix(".json")
     allruns = json.loads(data.read_text()) if data.exists() else {}
     allruns[label] = {"scale": scale, "stages": rows, "measured": {r["stage"]: r["s"] for r in
                       read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores",
-                      "complete": len(rows) == len(stage_order(work)), "note": note}  # fmt: skip
+                      "complete": len(rows) == len(stage_order(work)), "note": note, "jobs": jobs}  # fmt: skip
+    if allruns[label]["complete"]:  # the default DAG's wall time with 1 and 2 stages at a time, by list scheduling
+        dur, deps = default_dag(work, rows, scale)
+        allruns[label]["wall_sim"] = {str(j): simulate(dur, deps, j) for j in (1, 2)}
+    if wall_file.exists():
+        allruns[label]["wall_measured"] = float(wall_file.read_text())
     data.write_text(json.dumps(allruns, indent=1, sort_keys=True) + "\n")
     out.write_text(render(allruns))
     done = "" if allruns[label]["complete"] else f" (partial: {len(rows)} stages timed so far)"
@@ -189,6 +274,22 @@ def render(allruns: dict) -> str:
     L.append("| **total** | " + " | ".join(f"**{tot[lb] / 60:.0f}** | 100%" for lb in labels) + " |")
     L += [f"\n{lb}: **partial run**, the stages not listed are not timed yet; the total is a lower bound."
           for lb in labels if not allruns[lb].get("complete", True)]
+    sims = [lb for lb in labels if "wall_sim" in allruns[lb]]
+    if sims:
+        L += ["", "## Wall time of the default DAG", "",
+              "Stages one at a time (`dvc repro`) and two at a time (`python -m projected_grpo.repro -j 2`), from "
+              "the extrapolated stage times above by list scheduling (a scaled copy's train/evaluate stages split "
+              "into one per default seed). A label run with `--jobs 2` measured its stage times while two stages "
+              "shared the machine, so its one-at-a-time figure is pessimistic and its two-at-a-time figure "
+              "realistic; a label run stage by stage the other way round.", "",
+              "| label | measured as | one at a time (min) | two at a time (min) | measured wall of the copy (min) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+        for lb in sims:
+            r = allruns[lb]
+            meas = f"{r['wall_measured'] / 60:.0f}" if "wall_measured" in r else "—"
+            how = "stage by stage" if r.get("jobs", 1) == 1 else f"{r['jobs']} at a time"
+            L.append(f"| {lb} | {how} | **{r['wall_sim']['1'] / 60:.0f}** | **{r['wall_sim']['2'] / 60:.0f}** "
+                     f"| {meas} |")  # fmt: skip
     L += [f"\n{lb}: {allruns[lb]['note']}" for lb in labels if allruns[lb].get("note")]
     for lb in labels:
         ph = allruns[lb]["phases"]

@@ -8,7 +8,7 @@ import sys
 
 from tests.conftest import ROOT
 
-MODULES = ["projected_grpo.cli", "projected_grpo.config"]
+MODULES = ["projected_grpo.cli", "projected_grpo.config", "projected_grpo.repro"]
 SCRIPTS = sorted(
     str(p.relative_to(ROOT)) for d in ("stages", "benchmarks") for p in (ROOT / d).glob("*.py") if p.stem != "__init__"
 )

@@ -193,6 +193,23 @@ def test_pairset_change_reruns_exactly_the_basis_and_what_reads_it(project):
     assert ran == want | names("evaluate", ARMS, [SEED])
 
 
+def test_side_by_side_repro_equals_dvc_repro(project, tmp_path):
+    """`python -m projected_grpo.repro -j 2` after a pair-set change runs the stages `dvc repro` runs (two at a time,
+    each through `dvc repro -s`) and leaves the same dvc.lock, with nothing left to reproduce."""
+    serial = tmp_path / "serial"
+    shutil.copytree(project, serial, symlinks=True)
+    for root in (project, serial):
+        set_params(root, basis={"pairset": "prog_wider"})
+    dry = sh(project, sys.executable, "-m", "projected_grpo.repro", "--dry").stdout.split()
+    ran = reproduce(serial)
+    assert set(dry) == ran and dry.index("basis") < dry.index("report")
+    res = sh(project, sys.executable, "-m", "projected_grpo.repro", "-j", "2")
+    assert f"done: {len(ran)} stage(s)" in res.stdout, res.stdout + res.stderr
+    assert (project / "dvc.lock").read_text() == (serial / "dvc.lock").read_text()
+    assert "up to date" in dvc(project, "status").stdout
+    assert sorted(p.stem for p in (project / "logs" / "repro").glob("*.log")) == sorted(ran)
+
+
 def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
     set_params(project, seeds=[SEED, 42])
     ran = reproduce(project)

@@ -357,6 +357,16 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
 # --- grpo.share_prompt: each distinct prompt once in the loss forwards -------------------------------------------------
 
 
+def adapted_tiny_model(tok, seed: int, kind: str = "svd"):
+    """A tiny Qwen3 with rank-4 adapters on every projection and a random δS (so the adapter path carries gradient)."""
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4, kind=kind)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(seed + i)))
+    return m
+
+
 def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
     """`shared_prompt_logprobs` (prompt once per group, KV cache gathered to the rows) gives the per-row forward's
     completion log-probs and, through the backward, its δS gradient: on left-padded prompts of different lengths,
@@ -366,11 +376,7 @@ def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
     from projected_grpo.rollout import generate, group_runs
 
     tok = world["tok"]
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(70 + i)))
+    m = adapted_tiny_model(tok, 70)
     recs = world["records"][:3]
     ro = generate(m, tok, [render_prompt(tok, list(q.prompt)) for q in recs], 3, 12, 1.0, 1.0, seed=5)
     for i, n in enumerate([12, 5, 9, 3, 12, 7, 1, 10, 4]):  # rows end at different lengths (an EOS's right padding)
@@ -418,11 +424,7 @@ def test_shared_prompt_probes_read_own_token_gradients(world, kind):
     from projected_grpo.rollout import generate, group_runs
 
     tok = world["tok"]
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4, kind=kind)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(90 + i)))
+    m = adapted_tiny_model(tok, 90, kind)
     recs = world["records"][:2]
     ro = generate(m, tok, [render_prompt(tok, list(q.prompt)) for q in recs], 3, 10, 1.0, 1.0, seed=3)
     for i, n in enumerate([10, 4, 7, 2, 10, 6]):
@@ -457,11 +459,7 @@ def test_completion_grads_own_tokens(world):
     from projected_grpo.logprobs import batch_sequences, mean_nll, token_logprobs
 
     tok = world["tok"]
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(50 + i)))
+    m = adapted_tiny_model(tok, 50)
     recs = world["records"][:3]
     comps = ["```python\npass\n```", "x = 1", "```python\nclass Solution:\n    pass\n```"]
     got = completion_grads(m, tok, recs, comps, 0.7, own_tokens=True)

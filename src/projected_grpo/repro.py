@@ -1,0 +1,142 @@
+"""`python -m projected_grpo.repro -j 2`: `dvc repro`, with independent stages run side by side.
+
+`dvc repro` runs one stage at a time, and most stages here use one core (GRPO, evaluation: `threads: 1`), so on a
+2-core machine half of it idles. This runs the same stages, each as `dvc --wait-for-lock repro -s <stage>` in its own
+process (DVC releases its repository lock while a stage's command runs and records each stage in dvc.lock as it
+ends), up to `--jobs` at once, a stage only after every stage it depends on. Nothing about a stage changes: the
+same command, the same per-stage caching and `dvc.lock` entries, the same outputs (each stage's thread counts are
+fixed by params, so its numbers do not depend on what runs beside it). Which stages run is what `dvc repro` would
+run: those `dvc status` reports changed and everything downstream of them (with TARGETS: only what they need).
+Each stage's output goes to `logs/repro/<stage>.log`; on a failure no new stage starts, the running ones finish,
+and the command exits 1 naming the stage and its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import typer
+
+
+def closure(start: set[str], edges: dict[str, set[str]]) -> set[str]:
+    """Every node reachable from `start` along `edges` (start included)."""
+    seen, todo = set(), list(start)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += edges.get(n, ())
+    return seen
+
+
+def to_run(deps: dict[str, set[str]], changed: set[str], targets: set[str] | None) -> set[str]:
+    """Stages `dvc repro [TARGETS]` would run: changed ones and their descendants, within the targets' ancestry."""
+    down: dict[str, set[str]] = {n: set() for n in deps}
+    for n, ds in deps.items():
+        for d in ds:
+            down.setdefault(d, set()).add(n)
+    run = closure(changed & set(deps), down)
+    return run if targets is None else run & closure(targets, deps)
+
+
+def run_stages(deps: dict[str, set[str]], todo: set[str], jobs: int, run_one: Callable[[str], int],
+               on_event: Callable[[str, str], None] = lambda stage, what: None) -> list[str]:  # fmt: skip
+    """Run `todo` (a subset of `deps`' keys; deps: stage -> the stages it reads) with `run_one` (returns an exit
+    status), at most `jobs` at once, each after the stages of `todo` it depends on. Ready stages with the most
+    stages waiting behind them start first. Returns the failed stages (after a failure nothing new starts)."""
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
+    down: dict[str, set[str]] = {n: set() for n in todo}
+    for n in todo:
+        for d in deps[n] & todo:
+            down[d].add(n)
+    weight = {n: len(closure({n}, down)) for n in todo}
+    done: set[str] = set()
+    failed: list[str] = []
+    running: dict[Future, str] = {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while True:
+            started = set(running.values())
+            ready = sorted((n for n in todo - done - started if not failed and deps[n] & todo <= done),
+                           key=lambda n: (-weight[n], n))  # fmt: skip
+            for n in ready[: jobs - len(running)]:
+                on_event(n, "start")
+                running[pool.submit(run_one, n)] = n
+            if not running:
+                break
+            for f in wait(running, return_when=FIRST_COMPLETED).done:
+                n = running.pop(f)
+                if f.result() == 0:
+                    done.add(n)
+                    on_event(n, "done")
+                else:
+                    failed.append(n)
+                    on_event(n, "failed")
+    return failed
+
+
+def dag(root: Path) -> tuple[dict[str, set[str]], set[str]]:
+    """(deps, changed): every stage of the project's DVC graph (matrix members expanded) with the stages it reads,
+    and the stages `dvc status` reports changed."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC names stages relative to the working directory
+        g = repo.index.graph  # edges: stage -> the stages it depends on
+        deps = {s.addressing: {d.addressing for d in g.successors(s)} for s in g.nodes}
+        changed = set(repo.status())
+    return deps, changed
+
+
+def main(targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
+         jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
+         dry: bool = typer.Option(False, "--dry", help="Only print the stages that would run, in a valid order."),
+         no_run_cache: bool = typer.Option(False, "--no-run-cache", help="Passed to each `dvc repro -s`: execute "
+                                           "stages even if DVC's run cache holds their outputs (benchmarks)."),
+         ) -> None:  # fmt: skip
+    root = Path.cwd()
+    if not (root / "dvc.yaml").exists():
+        typer.echo("error: run this in the repository root (no dvc.yaml here)", err=True)
+        raise typer.Exit(2)
+    deps, changed = dag(root)
+    unknown = sorted(set(targets or ()) - set(deps))
+    if unknown:
+        typer.echo(f"error: unknown stage(s) {unknown}; `dvc stage list --all` names them", err=True)
+        raise typer.Exit(2)
+    todo = to_run(deps, changed, set(targets) if targets else None)
+    if not todo:
+        typer.echo("Data and pipelines are up to date.")
+        return
+    if dry:
+        run_stages(deps, todo, 1, lambda n: 0, lambda n, what: what == "start" and typer.echo(n))
+        return
+    logs = root / "logs" / "repro"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    t0 = time.monotonic()
+
+    def run_one(stage: str) -> int:
+        with open(logs / f"{stage}.log", "w") as log:
+            flags = ["--no-run-cache"] if no_run_cache else []
+            cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "-s", *flags, stage]
+            return subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+
+    def event(stage: str, what: str) -> None:
+        typer.echo(f"[{time.monotonic() - t0:7.0f} s] {what:6s} {stage}")
+
+    typer.echo(f"{len(todo)} stage(s) to run, up to {jobs} at once; logs in {logs.relative_to(root)}/")
+    failed = run_stages(deps, todo, jobs, run_one, event)
+    if failed:
+        typer.echo(f"error: stage {failed[0]} failed; see logs/repro/{failed[0]}.log", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"done: {len(todo)} stage(s) in {time.monotonic() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,98 @@
+"""`projected_grpo.repro`: which stages run, and that running them side by side respects the DAG.
+
+Run: pytest tests/test_repro.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from projected_grpo.repro import run_stages, to_run
+from tests.conftest import ROOT
+
+# problems -> organism -> (pool, basis) -> train@a, train@b -> evaluate@a, evaluate@b -> report
+DEPS = {
+    "problems": set(), "organism": {"problems"}, "pool": {"organism"}, "basis": {"organism"},
+    "train@a": {"pool", "basis"}, "train@b": {"pool", "basis"}, "evaluate@a": {"train@a"}, "evaluate@b": {"train@b"},
+    "report": {"evaluate@a", "evaluate@b"},
+}  # fmt: skip
+
+
+def test_to_run_is_what_dvc_repro_would_run():
+    assert to_run(DEPS, {"train@a"}, None) == {"train@a", "evaluate@a", "report"}
+    assert to_run(DEPS, {"basis"}, None) == {"basis", "train@a", "train@b", "evaluate@a", "evaluate@b", "report"}
+    assert to_run(DEPS, {"basis"}, {"evaluate@b"}) == {"basis", "train@b", "evaluate@b"}  # only what the target needs
+    assert to_run(DEPS, set(), None) == set()
+    assert to_run(DEPS, {"organism", "train@b"}, {"pool"}) == {"organism", "pool"}
+
+
+class Recorder:
+    """A fake stage runner: sleeps, records start/end order and the largest number running at once."""
+
+    def __init__(self, fail: set[str] = frozenset(), dt: float = 0.02):
+        self.lock, self.now, self.peak, self.fail, self.dt = threading.Lock(), 0, 0, fail, dt
+        self.start: dict[str, int] = {}
+        self.end: dict[str, int] = {}
+        self.clock = 0
+
+    def __call__(self, stage: str) -> int:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            self.clock += 1
+            self.start[stage] = self.clock
+        time.sleep(self.dt)
+        with self.lock:
+            self.now -= 1
+            self.clock += 1
+            self.end[stage] = self.clock
+        return 1 if stage in self.fail else 0
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_run_stages_respects_the_dag_and_the_job_limit(jobs):
+    rec = Recorder()
+    assert run_stages(DEPS, set(DEPS), jobs, rec) == []
+    assert set(rec.start) == set(DEPS)  # every stage once
+    for n, ds in DEPS.items():
+        assert all(rec.end[d] < rec.start[n] for d in ds), n  # after everything it reads has finished
+    assert rec.peak == min(jobs, 2)  # the DAG is at most 2 wide; never above the limit
+
+
+def test_run_stages_runs_only_todo_and_ignores_done_upstream():
+    rec = Recorder()
+    todo = {"train@a", "evaluate@a", "report"}
+    assert run_stages(DEPS, todo, 2, rec) == []
+    assert set(rec.start) == todo and rec.end["train@a"] < rec.start["evaluate@a"] < rec.start["report"]
+
+
+def test_a_failure_starts_nothing_new_and_is_reported():
+    rec = Recorder(fail={"train@a"}, dt=0.05)
+    failed = run_stages(DEPS, set(DEPS), 2, rec)
+    assert failed == ["train@a"]
+    assert "evaluate@a" not in rec.start and "report" not in rec.start
+    assert "train@b" in rec.start and "train@b" in rec.end  # ran beside it: finished, not killed
+    assert "evaluate@b" not in rec.start  # nothing new after the failure
+
+
+def test_jobs_must_be_positive():
+    with pytest.raises(ValueError, match="--jobs"):
+        run_stages(DEPS, set(DEPS), 0, Recorder())
+
+
+def test_bad_invocations_end_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "DVC_NO_ANALYTICS": "1"}
+    cases = [
+        (tmp_path, [], "error: run this in the repository root"),
+        (ROOT, ["no_such_stage", "--dry"], "error: unknown stage(s) ['no_such_stage']"),
+    ]
+    for cwd, args, msg in cases:
+        r = subprocess.run([sys.executable, "-m", "projected_grpo.repro", *args], cwd=cwd, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+        assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.splitlines()) == 1, r.stderr
