@@ -5,8 +5,9 @@
 process (DVC releases its repository lock while a stage's command runs and records each stage in dvc.lock as it
 ends), up to `--jobs` at once, a stage only after every stage it depends on. Nothing about a stage changes: the
 same command, the same per-stage caching and `dvc.lock` entries, the same outputs (each stage's thread counts are
-fixed by params, so its numbers do not depend on what runs beside it). Which stages run is what `dvc repro` would
-run: those `dvc status` reports changed and everything downstream of them (with TARGETS: only what they need).
+fixed by params, so its numbers do not depend on what runs beside it). Which stages are tried is what `dvc repro`
+would look at: those `dvc status` reports changed and everything downstream of them (with TARGETS: only what they
+need); a downstream stage whose inputs turn out unchanged is skipped by DVC as `dvc repro` skips it.
 Each stage's output goes to `logs/repro/<stage>.log`; on a failure no new stage starts, the running ones finish,
 and the command exits 1 naming the stage and its log.
 """
@@ -96,7 +97,7 @@ def dag(root: Path) -> tuple[dict[str, set[str]], set[str]]:
 
 def main(targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
          jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
-         dry: bool = typer.Option(False, "--dry", help="Only print the stages that would run, in a valid order."),
+         dry: bool = typer.Option(False, "--dry", help="Only print the stages to look at, in a valid order."),
          no_run_cache: bool = typer.Option(False, "--no-run-cache", help="Passed to each `dvc repro -s`: execute "
                                            "stages even if DVC's run cache holds their outputs (benchmarks)."),
          ) -> None:  # fmt: skip
@@ -121,21 +122,29 @@ def main(targets: list[str] = typer.Argument(None, help="Stages to bring up to d
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     t0 = time.monotonic()
 
+    skipped: set[str] = set()
+
     def run_one(stage: str) -> int:
-        with open(logs / f"{stage}.log", "w") as log:
+        log_path = logs / f"{stage}.log"
+        with open(log_path, "w") as log:
             flags = ["--no-run-cache"] if no_run_cache else []
             cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "-s", *flags, stage]
-            return subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code == 0 and "didn't change, skipping" in log_path.read_text():
+            skipped.add(stage)
+        return code
 
     def event(stage: str, what: str) -> None:
+        what = "skip" if what == "done" and stage in skipped else what
         typer.echo(f"[{time.monotonic() - t0:7.0f} s] {what:6s} {stage}")
 
-    typer.echo(f"{len(todo)} stage(s) to run, up to {jobs} at once; logs in {logs.relative_to(root)}/")
+    typer.echo(f"{len(todo)} stage(s) to look at, up to {jobs} at once; logs in {logs.relative_to(root)}/")
     failed = run_stages(deps, todo, jobs, run_one, event)
     if failed:
         typer.echo(f"error: stage {failed[0]} failed; see logs/repro/{failed[0]}.log", err=True)
         raise typer.Exit(1)
-    typer.echo(f"done: {len(todo)} stage(s) in {time.monotonic() - t0:.0f} s")
+    typer.echo(f"done: {len(todo) - len(skipped)} stage(s) ran, {len(skipped)} unchanged, in "
+               f"{time.monotonic() - t0:.0f} s")  # fmt: skip
 
 
 if __name__ == "__main__":
