@@ -223,14 +223,14 @@ def completion_grads(model, tokenizer, records, completions: list[str], temperat
     pad = tokenizer.pad_token_id
     out: dict[str, list[Tensor]] = {n: [] for n in adapters(model)}
     for s in range(0, len(prompts), batch_size):
-        with probes(model, len(prompts[s : s + batch_size])) as es:
-            if own_tokens:
-                pi, pm = padded(prompts[s : s + batch_size], pad, left=True)  # (b, Tp)
-                ci, cm = padded(comps[s : s + batch_size], pad)  # (b, T)
-                rows = torch.arange(pi.shape[0])
+        ps, cs = prompts[s : s + batch_size], comps[s : s + batch_size]
+        with probes(model, len(ps)) as es:
+            if own_tokens:  # each row its own prompt run (probes paused there), its completion on top
+                (pi, pm), (ci, cm) = padded(ps, pad, left=True), padded(cs, pad)  # (b, Tp), (b, T)
+                rows = torch.arange(len(ps))
                 logp, mask = shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, rows, rows), cm
             else:
-                ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], pad)
+                ids, att, cm = batch_sequences(ps, cs, pad)
                 logp, mask = completion_logprobs(model, ids, att, cm, temperature)
             nll = mean_nll(logp, mask)  # (b,)
             if not torch.isfinite(nll).all():
