@@ -62,8 +62,32 @@ def test_every_printed_command_is_found():
     cmds = printed_commands()
     # the experiments table of results.md, its generator, the README's blocks (repro, exp, queue, remote, push)
     assert sum("dvc exp run --queue" in c for c in cmds) >= 8
-    assert any(c.startswith("dvc exp show") for c in cmds) and any("repro -s train@" in c for c in cmds)
-    assert any(QWEN in c for c in cmds)
+    assert any(c.startswith("dvc exp show") for c in cmds) and any(QWEN in c for c in cmds)
+    assert len(_repro_commands()) >= 2  # the README's two-at-a-time block
+
+
+def _repro_commands() -> list[str]:
+    """`python -m projected_grpo.repro …` lines of the README's ```bash blocks, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    lines = (re.sub(r"\s+#.*$", "", ln).strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for ln in b.splitlines())
+    return [ln for ln in lines if ln.startswith("python -m projected_grpo.repro")]
+
+
+def test_printed_repro_commands_parse_and_name_real_stages():
+    import typer.main
+
+    from projected_grpo import repro
+
+    app = typer.Typer(add_completion=False)
+    app.command()(repro.main)
+    command = typer.main.get_command(app)
+    stages = set(repro.dag(ROOT)[0])
+    for line in _repro_commands():
+        ctx = command.make_context("repro", shlex.split(line)[3:])  # raises on an unknown option
+        assert set(ctx.params["targets"] or []) <= stages, line
+    with pytest.raises(Exception):
+        command.make_context("repro", ["--jbos", "2"])
 
 
 @pytest.mark.parametrize("cmd", printed_commands())
