@@ -9,14 +9,15 @@ stage's wall time is its own. An interrupted run resumes: stages already timed i
 The copy shares this repository's DVC cache, so what it builds (organism, pool, basis, eval sets) is restored from
 DVC's run cache by a later `dvc repro` here.
 
-`--scale scaled` (default) keeps every default but GRPO's horizon (`grpo.steps` 20 of 200) and the seeds (41 of 41,
-42, 43), and extrapolates: a GRPO run's summed step time x 200/20 plus its start-up once (per-step time is
-stationary: in the last whole default run the mean step time over 200 steps was 0.89-1.06x that of the first 20, by
-arm), x 3 seeds for train and evaluate stages; an evaluation's curve part x the default's number of scored curve
-checkpoints over the copy's, its endpoint part x 1; every other stage x 1. Phase splits come from the stages' own
-timing logs (<work>/logs/): GRPO's sampling, grading, reference forward, policy forward, backward and gate calibration
-(`train.STEP_PHASES`; the rest of a step is "other"), evaluation's sampling (grading overlaps it) and the grading
-left after the last chunk.
+`--scale scaled` (default) keeps every default but GRPO's horizon (`grpo.steps` 20 of 200), the seeds (41 of 41, 42,
+43) and the monitor curve's spacing (`eval.curve_every` 10, so that the copy samples one curve checkpoint, step 10;
+the last one is read off the endpoint's samples), and extrapolates: a GRPO run's summed step time x 200/20 plus its
+start-up once (per-step time is stationary: in the last whole default run the mean step time over 200 steps was
+0.89-1.06x that of the first 20, by arm), x 3 seeds for train and evaluate stages; an evaluation's curve part x the
+default's number of sampled curve checkpoints over the copy's (`sampled_curve_points`: 3 of 1), its endpoint part x 1;
+every other stage x 1. Phase splits come from the stages' own timing logs (<work>/logs/): GRPO's sampling, grading,
+reference forward, policy forward, backward and gate calibration (`train.STEP_PHASES`; the rest of a step is "other"),
+evaluation's sampling (grading overlaps it) and the grading left after the last chunk.
 
 Each --label is a column of the report (before / after), so the speed work is shown side by side. `--jobs 2` runs
 the copy through `python -m projected_grpo.repro -j 2` instead (two stages at a time) and records its total wall
@@ -39,7 +40,8 @@ import typer
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SCALED = {"grpo": {"steps": 20}, "seeds": [41]}
+# the copy scores one monitor-curve checkpoint (step 10) besides the last, which evaluate reads off the endpoint
+SCALED = {"grpo": {"steps": 20}, "seeds": [41], "eval": {"curve_every": 10}}
 DEFAULT_STEPS, DEFAULT_SEEDS = 200, 3
 
 
@@ -196,9 +198,10 @@ def phases(work: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def curve_points(steps: int, every: int) -> int:
-    """Checkpoints an evaluation scores on the monitor subset, step 0 (the base, copied from eval_sets) excluded."""
-    return len({s for s in range(every, steps + 1, every)} | {steps})
+def sampled_curve_points(steps: int, every: int) -> int:
+    """Monitor-curve checkpoints an evaluation samples: step 0 (the base, copied from eval_sets) and the last (read
+    off the endpoint's samples) excluded."""
+    return len({s for s in range(every, steps, every)})
 
 
 def extrapolate(stage: str, s: float, ph: dict, work: Path, scale: str) -> float:
@@ -209,8 +212,9 @@ def extrapolate(stage: str, s: float, ph: dict, work: Path, scale: str) -> float
         steps = ph[stage]["step"]
         return (s + steps * (DEFAULT_STEPS / SCALED["grpo"]["steps"] - 1)) * DEFAULT_SEEDS
     if kind in ("evaluate", "evaluate_ref") and stage in ph:
-        every = yaml.safe_load((work / "params.yaml").read_text())["eval"]["curve_every"]
-        k = curve_points(DEFAULT_STEPS, every) / curve_points(SCALED["grpo"]["steps"], every)
+        every = yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]["curve_every"]
+        k = sampled_curve_points(DEFAULT_STEPS, every) / sampled_curve_points(SCALED["grpo"]["steps"],
+                                                                             SCALED["eval"]["curve_every"])
         curve = ph[stage]["curve_sample"] + ph[stage]["curve_grade_tail"]
         return (s + curve * (k - 1)) * DEFAULT_SEEDS
     return s
