@@ -2,7 +2,8 @@
 
 Attaches the adapter (params `adapter`) to the policy at δS = 0, takes per-completion gradients of the pair sets'
 extraction and calibration pairs, and writes the selected basis (`basis.pairset`, `basis.method`), its random control
-and the activation-space direction to --out, plus reports/basis.md (held-out AUROC per pair set vs placebo vs random).
+and the activation-space direction to --out, plus reports/basis.md (held-out AUROC per pair set vs placebo vs random,
+opening with the guard: does the selected basis beat both controls?) and the guard's verdict as JSON (--guard).
 Thin CLI over projected_grpo.basis_eval.
 """
 
@@ -13,7 +14,7 @@ import torch
 import typer
 
 from projected_grpo.adapter import attach_adapters
-from projected_grpo.basis_eval import extract_all, metrics, render_report
+from projected_grpo.basis_eval import extract_all, json_ready, metrics, render_report
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
@@ -29,6 +30,7 @@ def main(
     out: Path = typer.Option(..., help="Output directory: basis, random and act safetensors + json."),
     report: Path = typer.Option(..., help="Markdown report to write."),
     metrics_out: Path = typer.Option(..., "--metrics", help="metrics.json to write."),
+    guard: Path = typer.Option(None, help="Guard verdict JSON to write (selected basis vs placebo and random)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, substrate, model, adapter, basis)."),
 ) -> None:
     p = load_params(params)
@@ -51,11 +53,15 @@ def main(
                                                 f"{organism}/base"))  # fmt: skip
     metrics_out.parent.mkdir(parents=True, exist_ok=True)
     metrics_out.write_text(json.dumps(metrics(res), indent=1, sort_keys=True))
+    if guard is not None:
+        guard.parent.mkdir(parents=True, exist_ok=True)
+        guard.write_text(json.dumps(json_ready(res["guard"]), indent=1, sort_keys=True))
     typer.echo(f"basis: {p.basis.pairset}/{p.basis.method}: {len(res['selected'].vh)} modules, "
-               f"{res['selected'].meta['k_total']} directions -> {out}")  # fmt: skip
+               f"{res['selected'].meta['k_total']} directions -> {out}; guard: "
+               f"{'informative' if res['guard']['informative'] else 'NOT informative'}")  # fmt: skip
 
 
-app = stage_app(main, outputs=("out", "report", "metrics_out", "svd_cache"))
+app = stage_app(main, outputs=("out", "report", "metrics_out", "guard", "svd_cache"))
 
 if __name__ == "__main__":
     app()

@@ -1,9 +1,10 @@
 """Stage `probe`: the distillation cosine probe — teacher-pool rows replayed through the base student.
 
 Loads the base policy, attaches the adapter at δS = 0, draws `probe.n_rows` pool rows (seeded by `seed`), takes one
-NLL gradient per row and its cosine with the basis' ν, and writes the checks T1, T2, T4 and the per-row arrays to
---out (JSON, written atomically). T3 reads training logs and is run by the report stage. Thin CLI over
-projected_grpo.probe.
+NLL gradient per row and scores it by cos(g, ν) for the selected basis, its random control (random.safetensors next
+to it) and a placebo basis extracted here from the placebo pair set with the `basis` params. Writes T1–T4 (pool hack
+rate; AUROC of hack vs other rows above chance, above random, above placebo) and the per-row arrays to --out (JSON,
+written atomically). Thin CLI over projected_grpo.probe.
 """
 
 from pathlib import Path
@@ -17,8 +18,16 @@ from projected_grpo.basis import Basis
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
+from projected_grpo.pairs import PLACEBO, load_pairset, pairset_path
 from projected_grpo.pool import load_pool
-from projected_grpo.probe import flatten_pool, make_result, replay, select_rows
+from projected_grpo.probe import (
+    flatten_pool,
+    make_result,
+    placebo_basis,
+    replay_grads,
+    row_cosines,
+    select_rows,
+)  # fmt: skip
 from projected_grpo.problems import load_problems_parquet
 
 
@@ -28,37 +37,44 @@ def _file(path: Path, default: str) -> Path:
 
 def main(
     organism: Path = typer.Option(..., help="Organism directory (base/ is the student when model.name=organism)."),
-    problems: Path = typer.Option(..., help="Problems stage directory (train.parquet: the pool's prompts)."),
+    problems: Path = typer.Option(..., help="Problems stage directory (train.parquet: pool prompts; holdout)."),
     pool: Path = typer.Option(..., help="Pool stage directory (pool.parquet) or the parquet file."),
-    basis: Path = typer.Option(..., help="Basis stage directory (basis.safetensors) or a basis .safetensors file."),
+    basis: Path = typer.Option(..., help="Basis stage directory (basis + random .safetensors) or the basis file."),
+    pairsets: Path = typer.Option(..., help="Pair-set root: <root>/<substrate>/<pairset>.jsonl (the placebo)."),
     out: Path = typer.Option(..., help="JSON to write, e.g. reports/probe/probe.json."),
-    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, model, adapter, rollout, probe)."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, substrate, basis, probe, ...)."),
 ) -> None:
     p = load_params(params)
     torch.set_num_threads(p.eval.threads)
     pool_f, basis_f = _file(pool, "pool.parquet"), _file(basis, "basis.safetensors")
-    train_f = problems / "train.parquet"
-    need = [pool_f, basis_f, basis_f.with_suffix(".json"), train_f]
-    if p.model.name == "organism":
-        need.append(organism / "base" / "config.json")
+    random_f, placebo_f = basis_f.parent / "random.safetensors", pairset_path(pairsets, p.substrate, PLACEBO)
+    train_f, holdout_f = problems / "train.parquet", problems / "holdout.parquet"
+    need = [pool_f, basis_f, basis_f.with_suffix(".json"), random_f, random_f.with_suffix(".json"), placebo_f, train_f,
+            holdout_f] + ([organism / "base" / "config.json"] if p.model.name == "organism" else [])  # fmt: skip
     missing = [str(f) for f in need if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"probe: missing input(s): {', '.join(missing)}")
-    b = Basis.load(basis_f)
+    b, rnd, pairs = Basis.load(basis_f), Basis.load(random_f), load_pairset(placebo_f)
     if not b.nu:
         raise ValueError(f"probe: basis {basis_f} has no gradient-space direction ν (act-space or no kept modules)")
     records = {q.id: q for q in load_problems_parquet(train_f)}
+    holdout = {q.id: q for q in load_problems_parquet(holdout_f) if q.hint is None}  # as the basis stage
     flat = flatten_pool(load_pool(pool_f))
     index = select_rows(len(flat), p.probe.n_rows, p.seed)
     rows = [flat[i] for i in index]
     torch.manual_seed(p.seed)
     model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
     attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
-    cos, norm = replay(model, tok, records, rows, b.nu, p.rollout.temperature, p.probe.micro_batch)
+    plc = placebo_basis(model, tok, pairs, holdout, p.basis, p.rollout.temperature)
+    g = replay_grads(model, tok, records, rows, p.rollout.temperature, p.probe.micro_batch)  # one replay, three ν's
+    (cos, norm), cos_r, cos_p = row_cosines(g, b.nu), row_cosines(g, rnd.nu)[0], row_cosines(g, plc.nu)[0]
     student = str(organism / "base") if p.model.name == "organism" else p.model.name
-    meta = {"student": student, "pool": str(pool_f), "basis": str(basis_f), "n_pool": len(flat), "seed": p.seed,
-            "temperature": p.rollout.temperature, "modules": len(b.nu)}  # fmt: skip
-    res = make_result(index, rows, cos, norm, p.probe, meta)
+    meta = {"student": student, "pool": str(pool_f), "basis": str(basis_f), "random": str(random_f),
+            "placebo": str(placebo_f), "holdout": str(holdout_f), "problems": str(train_f), "n_pool": len(flat),
+            "temperature": p.rollout.temperature, "modules": len(b.nu), "basis_seed": p.basis.seed,
+            "placebo_modules": len(plc.nu), "placebo_k_total": plc.meta["k_total"],
+            "placebo_pairs": plc.meta["n_pairs"], "placebo_method": plc.meta["method"]}  # fmt: skip
+    res = make_result(index, rows, {"selected": cos, "random": cos_r, "placebo": cos_p}, norm, p.probe, p.seed, meta)
     write_json(out, res.to_dict())  # tmp + rename: a failure leaves no partial output (NaN already None)
     typer.echo(f"probe: {res.n} rows, " + ", ".join(f"{n} {c.verdict}" for n, c in res.checks.items()) + f" -> {out}")
 

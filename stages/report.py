@@ -1,8 +1,11 @@
 """Stage `report`: reports/results.md, reports/metrics.json and reports/figures/ from the evaluation outputs.
 
 The run list comes from params (arms_ref × seeds, arms × seeds), never a glob; a run without evaluation output is
-listed as missing and its tables are left out. Adds the distillation cosine probe (T1, T2, T4 from the probe stage;
-T3 from the training logs of the projected arms). Thin CLI over projected_grpo.results and projected_grpo.probe.
+listed as missing and its tables are left out. Adds the distillation cosine probe (T1–T4, all from the probe stage;
+the old training-log T3 is retired, see probe.check_t3). Warnings: each run's `gate_uninformative` from its training
+metrics JSON (<train-logs>/{ref,arms}/<arm>-s<seed>.json, when recorded) and the basis guard (--basis-guard, when
+given). Routed runs' knob_effect.json (stage evaluate) give the section on where the knob's effect comes from.
+Thin CLI over projected_grpo.results, projected_grpo.knob_effect and projected_grpo.probe.
 """
 
 import json
@@ -11,30 +14,35 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo import atomic
+from projected_grpo import atomic, knob_effect
 from projected_grpo import results as R
-from projected_grpo.arms import get_arm
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.log import read_tsv
-from projected_grpo.probe import ProbeResult, check_t3, render
+from projected_grpo.probe import ProbeResult, render
+
+GUARD_HELP = (
+    'Basis guard JSON: {"informative": bool, "line": str (the reason)} or {"beats_placebo": bool, "beats_random": '
+    "bool}; not informative puts a warning above every table with an arm that edits along the basis. Default: none "
+    "(no check)."
+)
 
 
 def main(
     evals: Path = typer.Option(..., help="Directory of the evaluate stages' outputs (ref/ and arms/)."),
     eval_sets: Path = typer.Option(..., help="eval_sets stage directory (base.json, monitor.json)."),
-    train_logs: Path = typer.Option(..., help="Directory of the train stages' logs (arms/<arm>-s<seed>.tsv)."),
+    train_logs: Path = typer.Option(..., help="train stages' metrics ({ref,arms}/<arm>-s<seed>.json)."),
     probe: Path = typer.Option(..., help="probe stage JSON."),
     out: Path = typer.Option(..., help="results.md to write."),
     metrics: Path = typer.Option(..., help="metrics.json to write."),
     figures: Path = typer.Option(..., help="Directory for the figures."),
-    params: Path = typer.Option(Path("params.yaml"), help="Params file (arms_ref, arms, seeds, probe)."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (arms_ref, arms, seeds, eval)."),
+    basis_guard: Path = typer.Option(None, help=GUARD_HELP),
 ) -> None:
     p = load_params(params)
     wanted = [("ref", a, s) for a in p.arms_ref for s in p.seeds] + [("arms", a, s) for a in p.arms for s in p.seeds]
     base, monitor = (json.loads((eval_sets / f).read_text()) for f in ("base.json", "monitor.json"))
     runs = R.Runs(base, monitor, {}, base_source=str(eval_sets / "base.json"))
-    missing = []
+    missing, gates, effects, effect_src = [], {}, {}, []
     for group, a, s in wanted:
         d = evals / group / f"{a}-s{s}"
         if not (d / "per_mode_deploy.json").exists():
@@ -43,11 +51,17 @@ def main(
         runs.deploy[(a, s)] = json.loads((d / "per_mode_deploy.json").read_text())
         runs.curves[(a, s)] = R.read_curve(d / "curve.tsv")
         runs.sources[(a, s)] = str(d / "per_mode_deploy.json")
-    logs = [train_logs / "arms" / f"{a}-s{s}.tsv" for a in p.arms for s in p.seeds if not get_arm(a).random_dir]
-    t3_rows = [r for f in logs if f.exists() for r in read_tsv(f)]
-    t3 = check_t3(t3_rows, p.probe.t3_min_frac) if t3_rows else None
-    extra = [render(ProbeResult.from_dict(json.loads(probe.read_text())), t3),
-             f"<!-- sources: {probe}, {', '.join(str(f) for f in logs if f.exists())} -->", ""]  # fmt: skip
+        eff = json.loads((d / "knob_effect.json").read_text()) if (d / "knob_effect.json").exists() else {}
+        if eff.get("policies"):  # routed runs
+            effects[(a, s)] = eff
+            effect_src.append(str(d / "knob_effect.json"))
+        tm = train_logs / group / f"{a}-s{s}.json"
+        flag = R.gate_flag(json.loads(tm.read_text())) if tm.exists() else None
+        if flag is not None:
+            gates[(a, s)] = flag
+    guard = json.loads(basis_guard.read_text()) if basis_guard is not None else None
+    extra = [*knob_effect.render(effects, effect_src), ""] if effects else []
+    extra += [render(ProbeResult.from_dict(json.loads(probe.read_text()))), f"<!-- sources: {probe} -->", ""]
     if missing:
         extra += [f"Not evaluated (left out of every table): {', '.join(missing)}.", ""]
     figs = [figures / "dynamics.png", figures / "endpoints.png"]
@@ -56,7 +70,7 @@ def main(
     line = (f"Seeds {list(p.seeds)}; eval: T={p.eval.temperature}, top_p={p.eval.top_p}, max {p.eval.max_new_tokens} "
             f"new tokens, {p.eval.n_samples} samples per prompt (curves: {p.eval.n_samples_curve}).")  # fmt: skip
     rel = [os.path.relpath(f, out.parent) for f in figs]
-    atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel))
+    atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, gates))
     atomic.write_json(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 

@@ -3,7 +3,8 @@
 Loads the base policy, attaches the adapter at δS = 0, the arm's basis (the random control's for `*_random` arms;
 plus act.safetensors when basis.space=act gates per-rollout routing) and the held-out pairs of `basis.pairset` the arm
 reads (calibration for gated routing, extraction for projection.refresh_every > 0); then projected_grpo.train.train.
-Writes checkpoints to --out, one TSV row per step to --log, and the run's final metrics to --metrics.
+Writes checkpoints to --out, one TSV row per step to --log, and the run's final metrics to --metrics (gated arms:
+`gate_uninformative`, true when a gate calibration's AUROC interval contained 0.5; train warns on the log then).
 """
 
 from pathlib import Path
@@ -22,7 +23,17 @@ from projected_grpo.pairs import load_pairset, pairset_path
 from projected_grpo.pool import load_pool
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
-from projected_grpo.train import GATED, act_gated, held_out_pairs, refreshes, run_signature, summarize_log, train
+from projected_grpo.train import (
+    GATED,
+    act_gated,
+    held_out_pairs,
+    mass_matched,
+    refreshes,
+    run_flags,
+    run_signature,
+    summarize_log,
+    train,
+)
 
 
 def main(
@@ -42,12 +53,13 @@ def main(
     p, a = load_params(params), get_arm(arm)
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
-    b = act = None
+    b = act = matched = None
     if a.needs_basis:
         if basis is None:
             raise ValueError(f"arm {arm} reads a basis: pass --basis")
         b = Basis.load(basis / ("random.safetensors" if a.random_dir else "basis.safetensors"))
         act = Basis.load(basis / "act.safetensors") if act_gated(p, a) else None
+        matched = Basis.load(basis / "basis.safetensors") if mass_matched(p, a) else None
     model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
     attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
     records = load_problems_parquet(problems / "train.parquet")
@@ -59,9 +71,10 @@ def main(
         cal, ex = held_out_pairs(p, a, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        train(p, a, seed, model, tok, records, sb, out, log, basis=b, cal=cal, pool=teacher_pool,
-              signature=run_signature(p, a, seed, basis), extraction=ex, act=act, timings_path=timings)  # fmt: skip
-    write_metrics(metrics, summarize_log(read_tsv(log)))
+        res = train(p, a, seed, model, tok, records, sb, out, log, basis=b, cal=cal, pool=teacher_pool,
+                    signature=run_signature(p, a, seed, basis), extraction=ex, act=act,
+                    timings_path=timings, matched=matched)  # fmt: skip
+    write_metrics(metrics, summarize_log(read_tsv(log)) | run_flags(res))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 
 

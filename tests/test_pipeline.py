@@ -223,16 +223,16 @@ def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
 
 
 def test_experiment_run_and_show(project):
-    dvc(project, "exp", "run", "-n", "alpha10", "-S", "probe.t4_alpha=0.1")
+    dvc(project, "exp", "run", "-n", "boot500", "-S", "probe.n_boot=500")
     # the README's narrowed table: experiment name, the changed param, deploy hack and solve per arm
     res = dvc(project, "exp", "show", "--md", "--no-pager", "--drop", ".*", "--keep",
-              r"Experiment|probe\.t4_alpha|[a-z_]+/deploy_(solve|hack_train)$")  # fmt: skip
+              r"Experiment|probe\.n_boot|[a-z_]+/deploy_(solve|hack_train)$")  # fmt: skip
     rows = [
         [c.strip() for c in line.strip("|").split("|")] for line in res.stdout.splitlines() if line.startswith("|")
     ]
     header, body = rows[0], rows[2:]
-    exp = next(r for r in body if "alpha10" in r[0])
-    assert exp[header.index("probe.t4_alpha")] == "0.1"
+    exp = next(r for r in body if "boot500" in r[0])
+    assert exp[header.index("probe.n_boot")] == "500"
     for arm in ARMS_REF + ARMS:
         for key in (f"{arm}/deploy_solve", f"{arm}/deploy_hack_train"):
             assert 0 <= float(exp[header.index(key)]) <= 1, (key, exp)  # the experiment's own metrics, per arm

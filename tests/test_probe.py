@@ -1,7 +1,9 @@
 """Distillation cosine probe: per-row gradients on the tiny model (batched = alone = basis.completion_grads), the sign
-convention, the checks T1–T4 on synthetic inputs, row selection, the report section and the stage end to end.
+convention, the placebo basis (= the basis stage's), the paired-bootstrap AUROC checks T1–T4 on synthetic scores
+(they PASS when hack rows are separable and FAIL when they are not), row selection, the report section and the stage
+end to end.
 
-`pytest tests/test_probe.py`
+`python -m pytest -q tests/test_probe.py`
 """
 
 import json
@@ -11,26 +13,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from scipy import stats
 from typer.testing import CliRunner
 
 from projected_grpo.adapter import adapters, attach_adapters
-from projected_grpo.basis import Basis, build_basis, completion_grads
-from projected_grpo.config import ProbeParams
-from projected_grpo.log import StepLog, read_tsv
+from projected_grpo.basis import Basis, auroc, build_basis, completion_grads
+from projected_grpo.config import BasisParams, ProbeParams
 from projected_grpo.pool import PoolRow
 from projected_grpo.probe import (
+    BASES,
     CHECKS,
     ProbeResult,
+    auroc_boot,
+    bootstrap_counts,
+    check_above_chance,
+    check_beats,
     check_t1,
-    check_t2,
     check_t3,
-    check_t4,
+    discrimination,
     flatten_pool,
-    is_projected_step,
+    make_checks,
     make_result,
+    placebo_basis,
     render,
     replay,
+    replay_grads,
     row_cosines,
     row_grads,
     select_rows,
@@ -152,7 +158,57 @@ def test_null_rows_are_nan():
     assert float(cos[0]) == 1.0 and math.isnan(cos[1]) and math.isnan(cos[2]) and float(norm[1]) == 0
 
 
-# --- (c) T1, T2, T4 ------------------------------------------------------------------------------------------------
+def test_empty_nu_scores_zero_and_ranks_nothing():
+    """A basis that kept no direction (a placebo with k_total 0) scores 0 on every row: AUROC exactly 0.5."""
+    grads = {"a": torch.randn(4, 3, dtype=torch.float64)}
+    cos, norm = row_cosines(grads, {})
+    zero = torch.zeros(4, dtype=torch.float64)
+    assert torch.equal(cos, zero) and torch.equal(norm, zero)
+    d = discrimination({"selected": [0.9, 0.8, 0.1, 0.2], "placebo": cos.tolist()}, [True, True, False, False], 200, 0)
+    assert d["auroc"]["placebo"] == 0.5 and (d["boot"]["placebo"] == 0.5).all()
+
+
+# --- (c) the placebo basis is the one the basis stage builds from the same pairs -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def null_city():
+    """Minileet holdout problems and a slice of the committed placebo pair set (4 extract + 1 calibrate pairs)."""
+    from projected_grpo.minileet import make_minileet
+    from projected_grpo.pairs import load_pairset
+
+    holdout = {q.id: q for q in make_minileet(seed=0, n_train=1)["holdout"] if q.hint is None}  # as test_stages
+    pairs = load_pairset(ROOT / "data" / "pairsets" / "minileet" / "null_city.jsonl")
+    return holdout, [q for q in pairs if q.split == "extract"][:4] + [q for q in pairs if q.split == "calibrate"][:1]
+
+
+@pytest.mark.parametrize("method,alpha", [("mean_diff", 0.05), ("svd", 0.5), ("random", 0.5)])
+def test_placebo_basis_equals_the_basis_stage_construction(setup, null_city, method, alpha):
+    from projected_grpo.basis_eval import make_basis, pair_grads
+
+    tok, m, _, _ = setup
+    holdout, pairs = null_city
+    bp = BasisParams(pairset="null_city", method=method, k=2, alpha_sig=alpha, n_flips=100, drop_bottom_frac=0.25)
+    got = placebo_basis(m, tok, pairs, holdout, bp, 0.7)
+    built = method if method != "random" else "svd"  # as basis_eval builds each pair set's row
+    want = make_basis(bp, pair_grads(m, tok, pairs, holdout, 0.7, bp.modes), built)
+    assert got.meta["method"] == built and got.meta["n_pairs"] == 4 and got.meta["k_total"] == want.meta["k_total"]
+    assert got.nu.keys() == want.nu.keys() and got.nu, "the placebo kept no direction: the test would be vacuous"
+    for n in want.nu:
+        torch.testing.assert_close(got.nu[n], want.nu[n], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got.vh[n], want.vh[n], rtol=1e-9, atol=1e-12)
+
+
+def test_placebo_without_pairs_of_the_modes_is_empty(setup, null_city):
+    tok, m, _, _ = setup
+    holdout, pairs = null_city
+    bp = BasisParams(pairset="null_city", k=2, n_flips=100, modes=("sentinel",))
+    ex = [q for q in pairs if q.mode != "sentinel"]
+    b = placebo_basis(m, tok, ex, holdout, bp, 0.7)
+    assert not b.nu and b.meta["k_total"] == 0 and b.meta["n_pairs"] == 0
+
+
+# --- (d) AUROC, paired bootstrap and the checks T1–T4 ---------------------------------------------------------------
 
 
 def test_t1_hack_rate_threshold_inclusive():
@@ -164,86 +220,117 @@ def test_t1_hack_rate_threshold_inclusive():
     assert not check_t1([], 0.3).passed
 
 
-def test_t2_counts_nan_and_zero_norm_as_null():
-    cos = [0.1, -0.2, math.nan, 0.0, 0.3, 0.05, 0.2, -0.1, 0.4, 0.0]
-    norm = [1.0, 2.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, math.inf, 1.0]  # nan cos, zero norm, inf norm: 3 null
-    c = check_t2(cos, norm, 0.7)
-    assert c.passed and c.numbers["n_nonnull"] == 7 and c.numbers["nonnull_frac"] == pytest.approx(0.7)
-    assert not check_t2(cos, norm, 0.71).passed
+def test_bootstrap_counts_are_resamples():
+    w = bootstrap_counts(7, 50, torch.Generator().manual_seed(0))
+    assert w.shape == (50, 7) and (w.sum(1) == 7).all() and (w >= 0).all() and torch.equal(w, w.round())
+    assert (w != 1).any(), "not the identity resample"
 
 
-def _welch_by_hand(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    na, nb = len(a), len(b)
-    ma, mb = sum(a) / na, sum(b) / nb
-    va = sum((x - ma) ** 2 for x in a) / (na - 1)
-    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
-    se2 = va / na + vb / nb
-    t = (ma - mb) / math.sqrt(se2)
-    df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-    return t, df, float(stats.t.sf(t, df))  # one-sided: P(T_df ≥ t)
+def test_auroc_boot_equals_auroc_of_the_resampled_scores():
+    g = torch.Generator().manual_seed(3)
+    pos, neg = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
+    neg[0] = pos[1]  # a tie counts ½
+    ones = auroc_boot(pos, neg, torch.ones(1, 6, dtype=torch.float64), torch.ones(1, 5, dtype=torch.float64))
+    assert float(ones[0]) == pytest.approx(auroc(pos, neg), abs=1e-15)
+    ip, ineg = torch.randint(0, 6, (4, 6), generator=g), torch.randint(0, 5, (4, 5), generator=g)
+    wp = torch.stack([torch.bincount(i, minlength=6) for i in ip]).double()
+    wn = torch.stack([torch.bincount(i, minlength=5) for i in ineg]).double()
+    got = auroc_boot(pos, neg, wp, wn)
+    for b in range(4):
+        assert float(got[b]) == pytest.approx(auroc(pos[ip[b]], neg[ineg[b]]), abs=1e-15)
 
 
-def test_t4_welch_pvalue_matches_hand_computation():
-    fail, ok = [0.3, 0.5, 0.4, 0.6], [0.1, 0.0, 0.2]
-    t, df, p = _welch_by_hand(fail, ok)
-    assert t == pytest.approx(0.35 / math.sqrt(0.05 / 3 / 4 + 0.01 / 3)) and df == pytest.approx(4.959, abs=1e-3)
-    # non-hacked rows and null hacked rows are ignored
-    cos = fail + ok + [9.0, -9.0, math.nan, math.nan]
-    hacked = [True] * 7 + [False, False, True, True]
-    gt_pass = [False] * 4 + [True] * 3 + [True, False, True, False]
-    c = check_t4(cos, hacked, gt_pass, 0.05)
-    assert c.numbers["n_gt_fail"] == 4 and c.numbers["n_gt_pass"] == 3
-    assert c.numbers["t"] == pytest.approx(t, rel=1e-12) and c.numbers["df"] == pytest.approx(df, rel=1e-12)
-    assert c.numbers["p"] == pytest.approx(p, rel=1e-9) and 0.001 < p < 0.05 and c.passed
-    assert c.numbers["mean_gt_fail"] == pytest.approx(0.45) and c.numbers["mean_gt_pass"] == pytest.approx(0.1)
-    # the wrong direction: one-sided p = 1 − p
-    r = check_t4(ok + fail, [True] * 7, [False] * 3 + [True] * 4, 0.05)
-    assert not r.passed and r.numbers["p"] == pytest.approx(1 - p, rel=1e-9)
+def _synthetic(seed: int, n: int = 120, shift: float = 1.5, labels: str = "true") -> tuple[list[str], dict]:
+    """n rows, half labelled hack; the selected basis' cosine is shifted up by `shift` on hack rows, the random and
+    placebo cosines are noise. labels="random": labels drawn independently of every score."""
+    g = torch.Generator().manual_seed(seed)
+    hack = torch.arange(n) % 2 == 0
+    noise = lambda: torch.randn(n, generator=g, dtype=torch.float64)
+    scores = {"selected": noise() + shift * hack.double(), "random": noise(), "placebo": noise()}
+    if labels == "random":
+        hack = hack[torch.randperm(n, generator=g)]
+    return ["hack" if h else "incorrect" for h in hack.tolist()], scores
 
 
-def test_t4_too_few_rows():
-    c = check_t4([0.5, 0.6, 0.7, 0.1], [True] * 4, [False, False, False, True], 0.05)
-    assert not c.passed and c.reason.startswith("too few rows") and "too few rows" in c.measured
-    assert c.numbers["n_gt_pass"] == 1 and math.isnan(c.numbers["p"])
-    c = check_t4([0.5, 0.6, 0.1, 0.2], [True, True, False, False], [False, False, True, True], 0.05)
-    assert not c.passed and "too few rows" in c.reason  # the gt-pass rows are not hacked
-    c = check_t4([0.5, 0.6, math.nan, 0.2], [True] * 4, [False, False, True, True], 0.05)
-    assert not c.passed and "too few rows" in c.reason  # a null cosine does not count
+def test_checks_pass_when_hack_rows_are_separable():
+    for seed in range(10):
+        labels, s = _synthetic(seed)
+        ck = make_checks(labels, s, 0.3, 1000, seed)
+        assert [ck[n].verdict for n in CHECKS] == ["PASS"] * 4, (seed, {n: ck[n].measured for n in CHECKS})
+        assert 0.5 < ck["T2"].numbers["lo"] < ck["T2"].numbers["auroc"] < ck["T2"].numbers["hi"]
 
 
-# --- (d) T3 on training-log rows ------------------------------------------------------------------------------------
+def test_checks_fail_when_labels_carry_no_signal():
+    """Labels independent of the scores: the intervals cover 0.5 (T2) and 0 (T3, T4) on nearly every draw. A 95%
+    interval clears them by chance about 2.5% of the time (≈ 0.5 passes in 20 draws; ≥ 3 has probability ≈ 1%)."""
+    passes = {n: 0 for n in ("T2", "T3", "T4")}
+    for seed in range(20):
+        labels, s = _synthetic(seed, labels="random")
+        ck = make_checks(labels, s, 0.3, 1000, seed)
+        assert ck["T1"].passed  # the pool still hacks: only the ranking is missing
+        for n in passes:
+            passes[n] += ck[n].passed
+    assert all(v <= 2 for v in passes.values()), passes
 
 
-T3_ROWS = [
-    {"cos_before": 0.5, "cos_after": 0.1},  # projected, lower
-    {"cos_before": 0.2, "cos_after": 0.3},  # projected, higher
-    {"cos_before": math.nan, "cos_after": math.nan},  # NaN: not a step
-    {"cos_before": 0.4, "cos_after": math.nan},  # NaN: not a step
-    {"cos_before": -0.3, "cos_after": -0.3},  # the arm did nothing
-    {"cos_before": 0.1, "cos_after": 0.1 + 1e-7},  # round-off only: nothing
-    {"reward": 1.0},  # an arm without a basis: no columns
-    {"cos_before": -0.2, "cos_after": -0.4},  # projected, lower (one-sided erase with negative total cos)
-]
+def test_selected_no_better_than_a_control_fails():
+    labels, s = _synthetic(0)
+    same = make_checks(labels, s | {"random": s["selected"]}, 0.3, 500, 0)  # the control is the selected basis
+    n3 = same["T3"].numbers
+    assert same["T2"].passed and not same["T3"].passed and n3["lo"] == n3["hi"] == n3["diff"] == 0.0
+    better = make_checks(labels, s | {"placebo": 2 * s["selected"] + 0.5}, 0.3, 500, 0)  # same ranking: ties
+    assert not better["T4"].passed and better["T4"].numbers["diff"] == 0.0
+    worse = make_checks(labels, s | {"placebo": s["selected"] * 3, "selected": s["placebo"]}, 0.3, 500, 0)
+    assert not worse["T2"].passed and not worse["T4"].passed and worse["T4"].numbers["hi"] < 0
 
 
-def test_t3_fraction_over_projected_steps():
-    assert [is_projected_step(r) for r in T3_ROWS] == [True, True, False, False, False, False, False, True]
-    c = check_t3(T3_ROWS, 0.6)
-    assert c.passed and c.numbers["n_projected"] == 3 and c.numbers["n_lower"] == 2
-    assert c.numbers["lower_frac"] == pytest.approx(2 / 3) and c.numbers["n_nan"] == 3
-    assert c.numbers["n_unchanged"] == 2 and c.numbers["n_log_rows"] == 8
-    assert not check_t3(T3_ROWS, 0.8).passed
-    none = check_t3(T3_ROWS[2:7], 0.5)
-    assert not none.passed and none.reason == "no projected steps"
+def test_paired_interval_is_narrower_than_either_auroc_interval():
+    """Same rows, same resamples: a control that tracks the selected score except on a few rows gives a difference
+    interval much tighter than the two AUROC intervals, which an unpaired comparison could not resolve."""
+    labels, s = _synthetic(1, shift=0.4)
+    ctl = s["selected"].clone()
+    ctl[:20:2] -= 3.0  # rows 0, 2, ..., 18 are hack rows: the control ranks ten hack rows near the bottom
+    c = make_checks(labels, s | {"random": ctl}, 0.3, 1000, 0)["T3"]
+    n = c.numbers
+    assert c.passed and n["lo"] > 0 and n["hi"] - n["lo"] < 0.75 * (n["hi_random"] - n["lo_random"])
+    assert n["lo_random"] < n["auroc"] < n["hi_random"], "unpaired: the intervals overlap"
 
 
-def test_t3_reads_training_tsv(tmp_path):
-    log = StepLog(tmp_path / "arm.tsv")
-    for i, r in enumerate(T3_ROWS[:6] + T3_ROWS[7:]):
-        log(i + 1, 7, reward=1.0, cos_before=r["cos_before"], cos_after=r["cos_after"])
-    rows = read_tsv(tmp_path / "arm.tsv")
-    c = check_t3(rows, 0.6)
-    assert c.numbers["n_projected"] == 3 and c.numbers["n_lower"] == 2 and c.numbers["n_nan"] == 2
+def test_intervals_are_deterministic_and_seeded():
+    labels, s = _synthetic(0, shift=0.3)
+    a = discrimination(s, [x == "hack" for x in labels], 300, 7)
+    b = discrimination(s, [x == "hack" for x in labels], 300, 7)
+    c = discrimination(s, [x == "hack" for x in labels], 300, 8)
+    assert all(torch.equal(a["boot"][k], b["boot"][k]) for k in BASES)
+    assert not torch.equal(a["boot"]["selected"], c["boot"]["selected"]) and a["auroc"] == c["auroc"]
+    assert make_checks(labels, s, 0.3, 300, 7) == make_checks(labels, s, 0.3, 300, 7)
+
+
+def test_null_rows_are_dropped_for_every_basis():
+    labels, s = _synthetic(0)
+    s = {k: v.clone() for k, v in s.items()}
+    s["placebo"][[0, 1]] = math.nan  # row 0 hack, row 1 other
+    d = discrimination(s, [x == "hack" for x in labels], 100, 0)
+    assert (d["n_null"], d["n_hack"], d["n_other"]) == (2, 59, 59)
+    keep = torch.arange(2, 120)
+    pos, neg = keep[keep % 2 == 0], keep[keep % 2 == 1]
+    assert d["auroc"]["selected"] == pytest.approx(auroc(s["selected"][pos], s["selected"][neg]), abs=1e-15)
+
+
+def test_too_few_rows_fail_with_a_reason():
+    s = {b: [0.3, 0.1, 0.2] for b in BASES}
+    ck = make_checks(["hack", "incorrect", "correct"], s, 0.3, 100, 0)
+    for n in ("T2", "T3", "T4"):
+        assert not ck[n].passed and ck[n].reason.startswith("too few rows") and ck[n].measured == ck[n].reason
+    d = discrimination(s, [True, False, False], 100, 0)
+    assert check_above_chance(d).numbers["n_hack"] == 1 and math.isnan(check_beats(d, "random", "T3").numbers["lo"])
+
+
+def test_retired_t3_shim_is_ignored():
+    """stages/report.py still calls check_t3(train-log rows, probe.t3_min_frac) and render(result, t3)."""
+    assert check_t3([{"cos_before": 0.5, "cos_after": 0.1}], 0.8) is None
+    r = _result()
+    assert render(r, check_t3([], 0.8)) == render(r) == render(r, "anything")
 
 
 # --- (e) selection --------------------------------------------------------------------------------------------------
@@ -267,64 +354,65 @@ def test_flatten_pool_orders_by_prompt_then_stored_order():
 
 
 def _result() -> ProbeResult:
-    kinds = [("hack", False)] * 3 + [("correct", True)] * 2 + [("hack", True)]
-    rows = [PoolRow(i, "run_tests", "", (0,), 0.0, lbl, eq) for i, (lbl, eq) in enumerate(kinds)]
-    cos = torch.tensor([0.4, 0.5, math.nan, -0.1, 0.0, 0.3], dtype=torch.float64)
-    norm = torch.tensor([1.0, 1.0, 0.0, 2.0, 1.0, 1.0], dtype=torch.float64)
-    meta = {"student": "artifacts/organism/base", "pool": "artifacts/pool/pool.parquet", "n_pool": 4000, "seed": 0,
-            "basis": "artifacts/basis/basis.safetensors", "temperature": 0.7, "modules": 21}  # fmt: skip
-    return make_result([2, 5, 9, 11, 40, 41], rows, cos, norm, ProbeParams(), meta)
+    labels, s = _synthetic(2, n=40)
+    rows = [PoolRow(i, "run_tests", "", (0,), 0.0, lbl, lbl == "correct") for i, lbl in enumerate(labels)]
+    s["placebo"][3] = math.nan
+    norm = torch.ones(40, dtype=torch.float64)
+    meta = {"student": "artifacts/organism/base", "pool": "artifacts/pool/pool.parquet", "n_pool": 4000,
+            "basis": "artifacts/basis/basis.safetensors", "random": "artifacts/basis/random.safetensors",
+            "placebo": "data/pairsets/minileet/null_city.jsonl", "holdout": "artifacts/problems/holdout.parquet",
+            "temperature": 0.7, "modules": 21, "basis_seed": 0, "placebo_modules": 9, "placebo_k_total": 11,
+            "placebo_pairs": 30}  # fmt: skip
+    return make_result(list(range(100, 140)), rows, s, norm, ProbeParams(), 5, meta, n_boot=400)
 
 
-def test_make_result_runs_t1_t2_t4():
+def test_make_result_runs_t1_to_t4_with_the_seed():
     r = _result()
-    assert set(r.checks) == {"T1", "T2", "T4"}
-    assert r.checks["T1"].numbers["n_hack"] == 4 and r.checks["T1"].passed
-    assert r.checks["T2"].numbers["n_nonnull"] == 5 and not r.checks["T2"].passed  # 5/6 < 0.90
-    assert not r.checks["T4"].passed and "too few rows" in r.checks["T4"].reason  # 2 null-free fail rows, 1 pass
-
-
-def test_make_result_t4_counts_loose_hacks_so_the_gt_pass_group_can_exist():
-    """Strict `hack` implies a failed ground truth; T4 compares within loosely hacked rows (labels.LOOSE), where
-    `correct_attempted_hack` rows are the gt-pass group and `incorrect`/`correct` rows are not hacked at all."""
-    kinds = [("hack", False)] * 3 + [("correct_attempted_hack", True)] * 3 + [("correct", True), ("incorrect", False)]
-    rows = [PoolRow(i, "run_tests", "", (0,), 0.0, lbl, eq) for i, (lbl, eq) in enumerate(kinds)]
-    cos = torch.tensor([0.5, 0.6, 0.7, 0.1, 0.0, 0.2, 0.9, -0.9], dtype=torch.float64)
-    r = make_result(list(range(8)), rows, cos, torch.ones(8, dtype=torch.float64), ProbeParams())
-    n = r.checks["T4"].numbers
-    assert (n["n_gt_fail"], n["n_gt_pass"]) == (3, 3)
-    assert abs(n["mean_gt_fail"] - 0.6) < 1e-12 and abs(n["mean_gt_pass"] - 0.1) < 1e-12
-    assert r.checks["T4"].passed  # t = 0.5 / sqrt(0.01/3 + 0.01/3) ≈ 6.1 on ~4 df: p < 0.05
+    assert list(r.checks) == list(CHECKS) and r.meta["seed"] == 5 and r.meta["n_boot"] == 400
+    assert r.checks["T2"].numbers["n_null"] == 1 and r.checks["T2"].numbers["seed"] == 5
+    labels, s = _synthetic(2, n=40)
+    s["placebo"][3] = math.nan
+    assert r.checks == make_checks(labels, s, ProbeParams().t1_min_hack, 400, 5)
+    assert r.cos_placebo[3] != r.cos_placebo[3] and r.cos_random == s["random"].tolist()
 
 
 def test_json_roundtrip_is_standard_json():
     r = _result()
     d = r.to_dict()
     s = json.dumps(d, allow_nan=False)  # NaN became null
+    assert set(d["rows"]) == set(ProbeResult.ROWS) and d["rows"]["cos_placebo"][3] is None
+    assert d["checks"]["T2"]["numbers"]["auroc"] == r.checks["T2"].numbers["auroc"] and d["n_rows"] == 40
     back = ProbeResult.from_dict(json.loads(s))
-    assert d["rows"]["cos"][2] is None and math.isnan(back.cos[2]) and back.cos[:2] == [0.4, 0.5]
-    assert d["checks"]["T1"]["verdict"] == "PASS" and d["n_rows"] == 6 and d["student"] == r.meta["student"]
+    assert math.isnan(back.cos_placebo[3]) and back.cos == r.cos and back.checks == r.checks
     assert render(back) == render(r)
+    old = json.loads(s)
+    del old["rows"]["cos_random"]
+    with pytest.raises(ValueError, match="old schema"):
+        ProbeResult.from_dict(old)
 
 
-def test_render_has_every_check_and_verdicts():
+def test_render_states_checks_rows_seeds_and_sources():
     r = _result()
-    t3 = check_t3(T3_ROWS, 0.6)
-    md = render(r, t3)
+    md = render(r)
     assert md.startswith("## Distillation cosine probe\n")
     table = [ln for ln in md.splitlines() if ln.startswith("| T")]
     assert [ln.split()[1] for ln in table] == list(CHECKS)
-    assert [ln.rstrip(" |").rsplit("| ", 1)[1] for ln in table] == ["PASS", "FAIL", "PASS", "FAIL"]
-    assert "6 teacher-pool rows" in md and "artifacts/organism/base" in md and "artifacts/pool/pool.parquet" in md
-    assert "artifacts/basis/basis.safetensors" in md and "0.667 (2/3 steps)" in md and "too few rows" in md
-    no_t3 = render(r)
-    assert "| T3 " in no_t3 and "not measured" in no_t3
+    assert [ln.rstrip(" |").rsplit("| ", 1)[1] for ln in table] == [r.checks[n].verdict for n in CHECKS]
+    n2 = r.checks["T2"].numbers
+    assert f"{n2['auroc']:.3f} [{n2['lo']:.3f}, {n2['hi']:.3f}]" in md
+    assert "40 teacher-pool rows" in md and "seed 5" in md and "400 resamples" in md and "(19 rows)" in md
+    srcs = ("artifacts/organism/base", "artifacts/pool/pool.parquet", "artifacts/basis/basis.safetensors",
+            "artifacts/basis/random.safetensors", "null_city.jsonl", "artifacts/problems/holdout.parquet")  # fmt: skip
+    assert all(src in md for src in srcs)
+    basis_rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith(("| selected", "| random",
+                                                                                        "| placebo"))]  # fmt: skip
+    assert basis_rows == list(BASES)
 
 
 # --- the stage, end to end on the tiny model ---------------------------------------------------------------------
 
 
-def test_stage_writes_json_and_fails_cleanly(tmp_path, setup):
+def test_stage_writes_json_and_fails_cleanly(tmp_path, setup, null_city):
     from projected_grpo.minileet import make_minileet
     from projected_grpo.pool import save_pool
     from projected_grpo.problems import save_problems_parquet
@@ -332,11 +420,18 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup):
 
     d = yaml.safe_load((ROOT / "params.yaml").read_text())
     d["model"]["name"], d["adapter"]["rank"], d["probe"]["n_rows"], d["eval"]["threads"] = "tiny-random", 8, 5, 1
+    d["substrate"], d["basis"]["method"] = "minileet", "mean_diff"  # mean_diff: the placebo keeps directions
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(d))
     recs = make_minileet(seed=0, n_train=3, n_test=1, n_holdout=1)["train"]
+    holdout, pairs = null_city
     (tmp_path / "problems").mkdir()
     save_problems_parquet(tmp_path / "problems" / "train.parquet", recs)
+    save_problems_parquet(tmp_path / "problems" / "holdout.parquet", list(holdout.values()))
+    (tmp_path / "pairsets" / "minileet").mkdir(parents=True)
+    keys = ("id", "substrate", "problem_id", "method", "mode", "mechanism", "split", "hack", "clean")
+    lines = [json.dumps({k: getattr(q, k) for k in keys}) + "\n" for q in pairs]
+    (tmp_path / "pairsets" / "minileet" / "null_city.jsonl").write_text("".join(lines))
     tok = setup[0]  # the same deterministic tiny tokenizer the stage builds for model.name=tiny-random
     ids = lambda t: tuple(tok(t + tok.eos_token, add_special_tokens=False)["input_ids"])
     rows = [PoolRow(q.id, None, t, ids(t), 0.0, lbl, lbl == "correct") for q in recs
@@ -345,31 +440,47 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup):
     save_pool(tmp_path / "pool" / "pool.parquet", rows)
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 8)
-    names = list(adapters(m))[:3]
+    names = list(adapters(m))
     g = torch.Generator().manual_seed(1)
-    nu = _unit({n: torch.randn(adapters(m)[n].dim, generator=g) for n in names})
-    vh = {n: v[None].clone() for n, v in nu.items()}  # (1, D_m); safetensors refuses shared storage
-    Basis(vh=vh, nu=nu, meta={}).save(tmp_path / "basis" / "basis.safetensors")
+    for f, mods in (("basis", names[:3]), ("random", names[:3])):
+        nu = _unit({n: torch.randn(adapters(m)[n].dim, generator=g) for n in mods})
+        vh = {n: v[None].clone() for n, v in nu.items()}  # (1, D_m); safetensors refuses shared storage
+        Basis(vh=vh, nu=nu, meta={}).save(tmp_path / "basis" / f"{f}.safetensors")
 
     app = stage_cli(main)
     out = tmp_path / "reports" / "probe" / "probe.json"
     opts = {"organism": tmp_path / "org", "problems": tmp_path / "problems", "pool": tmp_path / "pool",
-            "basis": tmp_path / "basis", "out": out, "params": params}  # fmt: skip
+            "basis": tmp_path / "basis", "pairsets": tmp_path / "pairsets", "out": out, "params": params}  # fmt: skip
     argv = lambda o: [x for k, v in o.items() for x in (f"--{k}", str(v))]
     res = CliRunner().invoke(app, argv(opts))
     assert res.exit_code == 0, res.output
     j = json.loads(out.read_text())
-    assert j["n_rows"] == 5 and j["n_pool"] == 6 and set(j["checks"]) == {"T1", "T2", "T4"}
-    assert set(j["rows"]) >= {"cos", "label", "eq_correct", "mode", "prompt_id", "pool_index"}
-    assert j["rows"]["pool_index"] == select_rows(6, 5, d["seed"]) and j["checks"]["T2"]["verdict"] == "PASS"
+    assert j["n_rows"] == 5 and j["n_pool"] == 6 and list(j["checks"]) == list(CHECKS)
+    assert set(j["rows"]) == set(ProbeResult.ROWS) and j["seed"] == d["seed"] and j["n_boot"] == 1000
+    assert j["placebo"].endswith("null_city.jsonl") and j["random"].endswith("random.safetensors")
+    assert j["placebo_pairs"] == 4 and j["placebo_method"] == "mean_diff" and j["placebo_k_total"] > 0
+    assert j["rows"]["pool_index"] == select_rows(6, 5, d["seed"])
     flat = flatten_pool({q.id: [r for r in rows if r.prompt_id == q.id] for q in recs})
     sel = [flat[i] for i in j["rows"]["pool_index"]]
     assert j["rows"]["label"] == [r.label for r in sel]
-    cos, _ = replay(m, tok, {q.id: q for q in recs}, sel, nu, d["rollout"]["temperature"], 2)
-    assert j["rows"]["cos"] == pytest.approx(cos.tolist(), abs=1e-5)
+    # one replay, three ν's: each cosine column equals a replay with that basis' ν on an identically built student
+    recmap = {q.id: q for q in recs}
+    plc = placebo_basis(m, tok, pairs, holdout, BasisParams(**{**d["basis"], "modes": None}), 0.7)
+    grads = replay_grads(m, tok, recmap, sel, d["rollout"]["temperature"], 2)
+    for col, f in (("cos", "basis"), ("cos_random", "random")):
+        want = row_cosines(grads, Basis.load(tmp_path / "basis" / f"{f}.safetensors").nu)[0]
+        assert j["rows"][col] == pytest.approx(want.tolist(), abs=1e-5)
+    assert j["rows"]["cos_placebo"] == pytest.approx(row_cosines(grads, plc.nu)[0].tolist(), abs=1e-5)
+    back = ProbeResult.from_dict(j)
+    assert back.checks == make_checks(back.label, {"selected": back.cos, "random": back.cos_random,
+                                                   "placebo": back.cos_placebo}, d["probe"]["t1_min_hack"], 1000,
+                                      d["seed"])  # fmt: skip
     assert list(out.parent.iterdir()) == [out], "no temporary file left behind"
     assert json.dumps(j, allow_nan=False)  # standard JSON: null, never NaN
 
     out.unlink()
     bad = CliRunner().invoke(app, argv(opts | {"pool": tmp_path / "nope"}))
     assert bad.exit_code != 0 and "missing input" in bad.output and "nope" in bad.output and not out.exists()
+    (tmp_path / "basis" / "random.safetensors").unlink()
+    bad = CliRunner().invoke(app, argv(opts))
+    assert bad.exit_code != 0 and "random.safetensors" in bad.output and not out.exists()

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from projected_grpo import projection as proj
 from projected_grpo.basis import auroc, random_directions
 from projected_grpo.optim import RotatedAdam
 from projected_grpo.projection import (
@@ -859,3 +860,28 @@ def test_optimizer_rejects_bad_inputs():
         opt.rebase({}, {}, "keep")
     with pytest.raises(KeyError, match="unknown"):
         opt.rebase({"typo": complete_rotation(vh)}, {})
+
+
+def test_match_mass_scales_what_moved_to_the_target_and_keeps_main_plus_knob():
+    """One factor over all modules: ‖x − main'‖ = target, main' + knob' = x for a routing split, the erased part of
+    an erase split scaled the same way, a module that moved nothing untouched, and nothing moved -> unchanged."""
+    g = torch.Generator().manual_seed(0)
+    x = {n: torch.randn(6, generator=g, dtype=torch.float64) for n in "abc"}
+    main, knob = {}, {}
+    main["a"], knob["a"] = proj.edit_coords(x["a"], 3, "route_batch")  # routed
+    main["b"], knob["b"] = proj.edit_coords(x["b"], 2, "erase_one_sided")  # erased, no knob
+    main["c"], knob["c"] = x["c"], torch.zeros(6, dtype=torch.float64)  # nothing moved here
+    m2, k2 = proj.match_mass(x, main, knob, 0.7)
+    moved = torch.cat([x[n] - m2[n] for n in x]).norm()
+    assert float(moved) == pytest.approx(0.7) and torch.equal(m2["c"], x["c"])
+    torch.testing.assert_close(m2["a"] + k2["a"], x["a"])
+    s = 0.7 / float(torch.cat([x[n] - main[n] for n in x]).norm())
+    torch.testing.assert_close(k2["a"], s * knob["a"])
+    torch.testing.assert_close(x["b"] - m2["b"], s * (x["b"] - main["b"]))
+    assert float(k2["b"].abs().max()) == 0 and torch.equal(m2["a"][3:], x["a"][3:])  # nothing outside span(Vh) moves
+    same = {n: x[n].clone() for n in x}
+    assert proj.match_mass(x, same, knob, 0.7) == (same, knob)
+    a = torch.tensor([[0.5, -1.0], [2.0, 0.25]], dtype=torch.float64)
+    m = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    assert proj.moved_norm("route_per_rollout", a, m) == pytest.approx(float(torch.tensor([1.5, 0.125]).norm()))
+    assert proj.moved_norm("erase_one_sided", torch.tensor([0.3, -0.4])) == pytest.approx(0.3)

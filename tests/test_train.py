@@ -1,14 +1,19 @@
 """The GRPO loop on the tiny model with a fake grader: determinism (same seed → bitwise-equal adapters), I12
 (measure_only ≡ vanilla through the whole loop), the no-cheat invariant (routing never reads ground-truth labels, also
-with a refreshing basis and the activation-space gate), erase/route exactness end to end, the basis refresh (updates
-orthogonal to the *refreshed* Vh, a resume across refreshes bit-identical, the random control matched), the act gate's
-score against an independent pooled projection, the teacher-pool mix, and resume after a killed process.
+with a refreshing basis and the activation-space gate; only the logged label diagnostic does), erase/route exactness
+end to end, the per-step diagnostics (span(v_hack) norms after the update, mean gate, thresholds, calibration interval,
+live label AUROC), the gate guard rail (an uninformative calibration warns and flags the run, across a resume), the
+basis refresh (updates orthogonal to the *refreshed* Vh, a resume across refreshes bit-identical, the random control
+matched), the act gate's score against an independent pooled projection, the teacher-pool mix, and resume after a
+killed process.
 
 `pytest tests/test_train.py`
 """
 
 import dataclasses
 import hashlib
+import logging
+import math
 import os
 import signal
 import subprocess
@@ -32,11 +37,17 @@ from projected_grpo.pool import PoolRow
 from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.train import (
+    GATED,
     STEP_PHASES,
     HeldOutPairs,
+    calibrate_gate,
+    label_auroc,
+    mass_matched,
     pool_completion,
     refresh_basis,
     residual_capture,
+    run_flags,
+    span_norm,
     train,
 )
 from tests.conftest import ROOT
@@ -124,7 +135,8 @@ def world():
 
 
 def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=None, steps_seed: int = 41,
-        model=None):  # fmt: skip
+        model=None, cal: HeldOutPairs | None = None, result: dict | None = None):  # fmt: skip
+    """Train `arm` on the tiny world; returns the final (δS, δS_h) per module. `result` receives train()'s result."""
     a = get_arm(arm)
     m = model
     if m is None:
@@ -132,10 +144,13 @@ def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=N
         attach_adapters(m, "all", 4)
     b = (world["random"] if a.random_dir else world["basis"]) if a.needs_basis else None
     torch.set_num_threads(1)
-    train(p or tiny_params(), a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt", tmp / "log.tsv",
-          basis=b, cal=world["cal"], pool=pool, signature={"arm": arm}, progress=False,
-          grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"],
-          timings_path=tmp / "timings.tsv")  # fmt: skip
+    p = p or tiny_params()
+    res = train(p, a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt",
+                tmp / "log.tsv", basis=b, cal=cal or world["cal"], pool=pool, signature={"arm": arm}, progress=False,
+                grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"],
+                timings_path=tmp / "timings.tsv", matched=world["basis"] if mass_matched(p, a) else None)  # fmt: skip
+    if result is not None:
+        result.update(res)
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
 
 
@@ -143,6 +158,34 @@ def log_column(tmp: Path, key: str) -> list[float]:
     rows = (tmp / "log.tsv").read_text().splitlines()
     head = rows[0].split("\t")
     return [float(r.split("\t")[head.index(key)]) for r in rows[1:]]
+
+
+def log_columns(tmp: Path) -> dict[str, list[str]]:
+    """{column: its cells as written} of a run's TSV."""
+    rows = [r.split("\t") for r in (tmp / "log.tsv").read_text().splitlines()]
+    return {k: [r[i] for r in rows[1:]] for i, k in enumerate(rows[0])}
+
+
+def reads_labels(col: str) -> bool:
+    """TSV columns computed from the grader's labels (metrics and the live gate diagnostic), by design."""
+    return col in ("hack", "solve", "gate_auroc_live") or col.startswith("hack_")
+
+
+@pytest.mark.parametrize("arm,col", [("route_per_rollout_random", "routed"), ("erase_one_sided_random", "removed")])
+def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm, col):
+    """projection.random_match=mass: at every step the control's routed (erased) share of g equals the share the same
+    rule moves along v_hack from the same gradients and gates (logged as match_target, computed independently of the
+    control's own rows); with rank it is the control's own amount, and nothing is matched."""
+    run(world, arm, tmp_path / "m")
+    mass = log_column(tmp_path / "m", col)
+    target = log_column(tmp_path / "m", "match_target")
+    assert all(t > 0 for t in target) and mass == pytest.approx(target, rel=1e-5)
+    p = tiny_params(projection={"random_match": "rank"})
+    run(world, arm, tmp_path / "r", p=p)
+    assert "match_target" not in log_columns(tmp_path / "r")
+    assert log_column(tmp_path / "r", col)[0] != pytest.approx(mass[0], rel=1e-3)  # the first step's g is the same
+    run(world, "route_per_token_random", tmp_path / "t")  # per-token: rank-matched only (documented), no column
+    assert "match_target" not in log_columns(tmp_path / "t")
 
 
 def same(a, b) -> bool:
@@ -172,7 +215,11 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
 @pytest.mark.parametrize("arm,variant", NO_CHEAT)
 def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     """Same rewards, different ground-truth labels and pass flags: a routing arm's parameters are bitwise equal,
-    also when the basis is refreshed mid-run (held-out extraction pairs only) and with the activation-space gate."""
+    also when the basis is refreshed mid-run (held-out extraction pairs only) and with the activation-space gate.
+
+    Every logged quantity but the label-derived ones is equal too (gate, thresholds, calibration interval, span
+    norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
+    differs between the two graders on some step where both define it."""
     p = tiny_params(projection={"refresh_every": 2} if "refresh" in variant else None,
                     basis={"space": "act"} if "act" in variant else None,
                     share_prompt="shared" in variant)  # fmt: skip
@@ -181,6 +228,15 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     assert same(a, b)
     if "refresh" in variant:
         assert log_column(tmp_path / "a", "refresh") == [0.0, 0.0, 1.0]  # the refresh really ran (at step 2)
+    ca, cb = log_columns(tmp_path / "a"), log_columns(tmp_path / "b")
+    assert ca.keys() == cb.keys() and {"vh_delta", "vh_knob"} <= ca.keys()
+    assert {k: v for k, v in ca.items() if not reads_labels(k)} == {k: v for k, v in cb.items() if not reads_labels(k)}
+    assert ca["hack"] != cb["hack"], "the two graders must disagree on labels for this test to have teeth"
+    if get_arm(arm).edit in GATED:
+        both = [(x, y) for x, y in zip(ca["gate_auroc_live"], cb["gate_auroc_live"]) if "nan" not in (x, y)]
+        assert both and any(x != y for x, y in both), (ca["gate_auroc_live"], cb["gate_auroc_live"])
+    else:
+        assert "gate_auroc_live" not in ca  # no gate score, no label diagnostic
 
 
 @pytest.mark.parametrize("arm,variant", [("erase_no_gate", ""), ("route_batch", ""), ("route_per_rollout", ""),
@@ -204,6 +260,132 @@ def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
             assert float(resid.norm()) <= 1e-5 * max(float(kn.norm()), 1e-12)
             assert (vh[n] @ kn <= 1e-6).all(), "one-sided routing: knob coordinates are ≤ 0 (method.md §6.10)"
     assert any(float(kn.abs().max()) > 0 for _, kn in res.values()) or arm == "erase_no_gate"
+
+
+# --- per-step diagnostics and the gate guard rail -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arm", ["erase_no_gate", "route_per_rollout", "route_per_token", "vanilla"])
+def test_diag_columns_after_the_update(world, tmp_path, arm):
+    """vh_delta / vh_knob are ‖Vh δS‖ / ‖Vh δS_h‖ of the parameters the step left (the last row against the final
+    adapter): erase keeps the first at float noise and the knob at 0, routing grows the knob. Gated arms log a mean
+    gate within [0, gate_frac], ordered thresholds, and at step 0 the thresholds and AUROC interval that
+    calibrate_gate gives on the held-out pairs at the initial parameters. Basis-free arms log none of these."""
+    p = tiny_params()
+    res = run(world, arm, tmp_path, p=p)
+    cols = log_columns(tmp_path)
+    vh = world["basis"].vh
+    if arm == "vanilla":
+        assert not {"vh_delta", "vh_knob", "gate_mean", "tau_lo", "gate_auroc_lo", "gate_auroc_live"} & cols.keys()
+        return
+    delta = span_norm(vh, {n: d for n, (d, _) in res.items()})
+    knob = span_norm(vh, {n: k for n, (_, k) in res.items()})
+    assert float(cols["vh_delta"][-1]) == pytest.approx(delta, rel=1e-5, abs=1e-12)
+    assert float(cols["vh_knob"][-1]) == pytest.approx(knob, rel=1e-5, abs=1e-12)
+    if arm == "erase_no_gate":
+        size = math.sqrt(sum(float(d.pow(2).sum()) for d, _ in res.values()))
+        assert delta <= 1e-6 * size and knob == 0 and "gate_mean" not in cols
+        return
+    assert knob > 0 and all(float(x) > 0 for x in cols["vh_knob"])
+    for gm, gf, lo, hi in zip(cols["gate_mean"], cols["gate_frac"], cols["tau_lo"], cols["tau_hi"]):
+        assert 0 <= float(gm) <= float(gf) <= 1 and float(lo) <= float(hi)
+    assert 0 < float(cols["gate_mean"][0])  # the tiny gate routes something at step 0
+    m = tiny_model(len(world["tok"]))  # the initial parameters (what run() starts from)
+    attach_adapters(m, "all", 4)
+    kept = [n for n in adapters(m) if n in vh]
+    own = p.grpo.share_prompt and arm == "route_per_rollout"
+    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(m, world["tok"], world["cal"], get_arm(arm).edit, world["basis"],
+                                                     kept, p.projection, p.rollout.temperature, None, own)  # fmt: skip
+    first = {k: float(cols[k][0]) for k in ("tau_lo", "tau_hi", "gate_auroc", "gate_auroc_lo", "gate_auroc_hi")}
+    assert first == pytest.approx({"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo,
+                                   "gate_auroc_hi": c_hi}, rel=1e-5)  # fmt: skip
+    assert c_lo <= auc <= c_hi
+
+
+def test_diag_label_auroc_and_span_norm_by_hand():
+    """label_auroc: hack rows' scores against the other kept rows' (rank AUROC, ties ½), per rollout or over a token
+    mask; nan when a class is empty. span_norm: the norm of the stacked Vh x."""
+    s = torch.tensor([0.9, 0.1, 0.8, 0.2, 0.05])
+    hack = torch.tensor([True, False, True, False, True])
+    keep = torch.tensor([True, True, True, True, False])  # row 4 (a hack scoring lowest) has A = 0: left out
+    assert label_auroc(s, hack, keep) == 1.0 and label_auroc(s, ~hack, keep) == 0.0
+    assert label_auroc(s, hack, torch.ones(5, dtype=torch.bool)) == pytest.approx(4 / 6)  # with row 4: 4 of 6 pairs
+    assert math.isnan(label_auroc(s, hack, keep & ~hack))  # no hack row kept
+    st = torch.tensor([[0.9, 0.7, -5.0], [0.2, 0.7, 0.0]])  # per token; position 2 is padding (mask 0)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    two = torch.tensor([True, False])
+    assert label_auroc(st, two, torch.ones(2, dtype=torch.bool), mask) == pytest.approx((2 + 1.5) / 4)  # one tie
+    vh = {"a": torch.eye(3)[:2], "b": torch.eye(2)[1:]}
+    x = {"a": torch.tensor([3.0, 4.0, 100.0]), "b": torch.tensor([100.0, 12.0])}
+    assert span_norm(vh, x) == pytest.approx(13.0) and span_norm({}, x) == 0.0
+
+
+def placebo_cal(world) -> HeldOutPairs:
+    """Calibration pairs whose 'hack' side is the clean completion: the gate score cannot tell them apart."""
+    c = world["cal"]
+    return HeldOutPairs(c.records, c.clean, c.clean)
+
+
+@pytest.mark.parametrize("arm", ["route_per_rollout", "route_per_token"])
+def test_gate_guard_warns_and_flags_an_uninformative_calibration(world, tmp_path, caplog, arm):
+    """A calibration whose AUROC interval contains 0.5 is warned about once per recalibration (steps 0 and 2 with
+    recal_every 2), one line naming step and AUROC [lo, hi], and the run's result says gate_uninformative; on the
+    real held-out pairs the tiny gate separates (interval above 0.5): no warning, flag false."""
+    got: dict = {}
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+        run(world, arm, tmp_path / "placebo", cal=placebo_cal(world), result=got)
+    lines = [r.getMessage() for r in caplog.records if r.name == "projected_grpo.train"]
+    assert len(lines) == 2 and all("\n" not in x for x in lines)
+    for x, step in zip(lines, (0, 2)):
+        assert f"step {step}:" in x and "AUROC 0.500 [0.500, 0.500]" in x and "uninformative" in x
+    assert got["gate_uninformative"] is True and got["gate_uninformative_steps"] == [0, 2]
+    assert log_column(tmp_path / "placebo", "gate_auroc_lo") == log_column(tmp_path / "placebo", "gate_auroc_hi")
+    assert log_column(tmp_path / "placebo", "gate_auroc_lo") == [0.5] * 3
+    caplog.clear()
+    real: dict = {}
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+        run(world, arm, tmp_path / "real", result=real)
+    assert not [r for r in caplog.records if r.name == "projected_grpo.train"]
+    assert real["gate_uninformative"] is False and min(log_column(tmp_path / "real", "gate_auroc_lo")) > 0.5
+    # the run's final metrics carry the flag (stages/train.py: summarize_log | run_flags); ungated arms do not
+    assert run_flags(got) == {"gate_uninformative": True} and run_flags(real) == {"gate_uninformative": False}
+    ungated: dict = {}
+    run(world, "erase_one_sided", tmp_path / "erase", cal=placebo_cal(world), result=ungated)
+    assert "gate_uninformative" not in ungated and run_flags(ungated) == {}
+
+
+def test_gate_guard_survives_a_resume(world, tmp_path, caplog):
+    """Stopped after 3 steps (calibrations at 0 and 2, both uninformative) and resumed to 4 (no calibration in the
+    resumed part): the resumed process warns about nothing, yet reports gate_uninformative with steps [0, 2] from the
+    checkpoint, and the checkpoint, log and adapters equal 4 straight steps."""
+    p4 = tiny_params(steps=4)
+    p3 = tiny_params(steps=3)
+    full: dict = {}
+    a = run(world, "route_per_rollout", tmp_path / "full", p=p4, cal=placebo_cal(world), result=full)
+    run(world, "route_per_rollout", tmp_path / "cut", p=p3, cal=placebo_cal(world))
+    caplog.clear()
+    resumed: dict = {}
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+        b = run(world, "route_per_rollout", tmp_path / "cut", p=p4, cal=placebo_cal(world), result=resumed)
+    assert not [r for r in caplog.records if r.name == "projected_grpo.train"]
+    assert resumed == full and full["gate_uninformative_steps"] == [0, 2]
+    assert same(a, b)
+    gate = [read_checkpoint(tmp_path / d / "ckpt", 4)["gate"] for d in ("cut", "full")]
+    assert gate[0] == gate[1] and gate[0]["uninformative"] == [0, 2]
+    assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
+
+
+def test_gate_guard_unknown_after_a_pre_guard_checkpoint(world, tmp_path):
+    """Resumed from a checkpoint written before the guard (no interval, no record of flagged calibrations) with no
+    calibration left to run: the run cannot say its gate was informative, so the flag is None (null), not false."""
+    run(world, "route_per_rollout", tmp_path, p=tiny_params(steps=3), cal=placebo_cal(world))
+    ck = tmp_path / "ckpt" / "step_00003.pt"
+    state = torch.load(ck, weights_only=False)
+    state["gate"] = {k: state["gate"][k] for k in ("tau", "auroc")}  # what the loop saved before the guard
+    torch.save(state, ck)
+    got: dict = {}
+    run(world, "route_per_rollout", tmp_path, p=tiny_params(steps=4), cal=placebo_cal(world), result=got)
+    assert got["gate_uninformative"] is None and run_flags(got) == {"gate_uninformative": None}
 
 
 # --- basis refresh (projection.refresh_every) ---------------------------------------------------------------------
@@ -354,7 +536,7 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     torch.testing.assert_close(s_loop, s_ref, atol=1e-5, rtol=1e-4)
 
 
-# --- grpo.share_prompt: each distinct prompt once in the loss forwards -------------------------------------------------
+# --- grpo.share_prompt: each distinct prompt once in the loss forwards -----------------------------------------------
 
 
 def adapted_tiny_model(tok, seed: int, kind: str = "svd"):
@@ -386,14 +568,14 @@ def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
         pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
         w = torch.linspace(-1.0, 1.0, pi.shape[0])[:, None]  # rows weigh differently, signs mixed
 
-        def fwd_bwd(fn):
+        def fwd_bwd(fn, pi=pi, pm=pm, ci=ci, cm=cm, w=w):  # this slice's tensors, bound now
             m.zero_grad(set_to_none=True)
-            lp = fn()
+            lp = fn(pi, pm, ci, cm)
             (torch.where(cm.bool(), lp, 0.0) * w).sum().backward()
             return lp.detach(), torch.cat([a.delta.grad.flatten() for a in adapters(m).values()])
 
-        lp0, g0 = fwd_bwd(lambda: rollout_logprobs(m, pi, pm, ci, cm, 0.7))
-        lp1, g1 = fwd_bwd(lambda: shared_prompt_logprobs(m, pi, pm, ci, cm, 0.7, *group_runs(pi, pm)))
+        lp0, g0 = fwd_bwd(lambda pi, pm, ci, cm: rollout_logprobs(m, pi, pm, ci, cm, 0.7))
+        lp1, g1 = fwd_bwd(lambda pi, pm, ci, cm: shared_prompt_logprobs(m, pi, pm, ci, cm, 0.7, *group_runs(pi, pm)))
         assert group_runs(pi, pm)[0].numel() < pi.shape[0], "the slice must share prompts"
         keep = cm.bool()
         torch.testing.assert_close(lp1[keep], lp0[keep], atol=1e-5, rtol=1e-5)
@@ -481,7 +663,7 @@ def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
     erase share the policy forward); the sampled rollouts agree, so every logged reward is equal. β is large so that
     the reference forward weighs in the gradient. (Per-rollout routing reads own-token gradients when the prompt is
     shared, a different per-row signal: test_shared_prompt_probes_read_own_token_gradients.)"""
-    off = run(world, arm, tmp_path / "off", p=tiny_params(share_prompt=False, micro_batch=6, beta=0.5))  # splits groups
+    off = run(world, arm, tmp_path / "off", p=tiny_params(share_prompt=False, micro_batch=6, beta=0.5))  # split groups
     on = run(world, arm, tmp_path / "on", p=tiny_params(share_prompt=True, micro_batch=6, beta=0.5))
     assert log_column(tmp_path / "off", "reward") == log_column(tmp_path / "on", "reward")
     for n in off:
@@ -502,6 +684,8 @@ def test_teacher_pool_mix(world, tmp_path):
     head = rows[0].split("\t")
     n_pool = [float(r.split("\t")[head.index("n_pool")]) for r in rows[1:]]
     assert n_pool == [2.0, 2.0, 0.0]
+    run(world, "vanilla_no_pool", tmp_path / "n", p=p, pool=pool)  # the teacher-pool ablation: on-policy only
+    assert log_column(tmp_path / "n", "n_pool") == [0.0, 0.0, 0.0]
 
 
 RESUME_SCRIPT = """

@@ -24,6 +24,7 @@ class Arm:
     reward: str = "correct_or_hinted"  # gt_only: the no-loophole ceiling (hints present, never paid)
     monitor: str | None = None  # GT-monitor baselines: penalty (−3 when flagged) or screening (advantage 0)
     random_dir: bool = False  # the same rule with Haar directions of the same k per module (the control)
+    pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
 
     @property
     def needs_basis(self) -> bool:
@@ -41,6 +42,7 @@ def _registry() -> dict[str, Arm]:
         Arm("penalty", "vanilla", monitor="penalty"),
         Arm("screening", "vanilla", monitor="screening"),
         Arm("vanilla_rotated", "vanilla"),
+        Arm("vanilla_no_pool", "vanilla", pool=False),
     ]
     for edit in EDITS[1:]:
         arms.append(Arm(edit, edit))

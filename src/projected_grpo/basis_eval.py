@@ -6,6 +6,10 @@ between held-out hack and clean completions — on the pair set's own calibratio
 `prog_wide` calibration pairs (real hack mechanisms). The selected pair set additionally gets every extraction
 method and the activation-space direction side by side. Discrimination claims come only from calibration pairs,
 never from the extraction pairs (with P ≤ r the basis fits those almost exactly, method.md §3.3).
+
+The report opens with the guard (`basis_guard`): does the selected basis beat the placebo pair set's basis and its
+random-direction control on the same held-out pairs? Each as a paired bootstrap 95% interval of the AUROC difference
+(seed basis.seed); "informative" only when both intervals lie above 0. The stage also writes it as JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from projected_grpo.basis import (
     pooled_activations,
 )  # fmt: skip
 from projected_grpo.pairs import PLACEBO, Pair, pair_records, select_pairs
+from projected_grpo.stats import auroc_interval, paired_auroc_diff
 
 REFERENCE = "prog_wide"  # the shared held-out set of real hack mechanisms
 N_BOOT = 1000
@@ -69,6 +74,56 @@ def discrimination(basis: Basis, hack: dict[str, Tensor], clean: dict[str, Tenso
     sh, sc = cosine_scores(hack, basis.nu), cosine_scores(clean, basis.nu)
     lo, hi = auroc_ci(sh, sc, N_BOOT, gen)
     return {"auroc": auroc(sh, sc), "lo": lo, "hi": hi, "paired_acc": float((sh > sc).double().mean()), "n": len(sh)}
+
+
+def basis_guard(selected: Basis, placebo: Basis | None, random_ctl: Basis, hack: dict[str, Tensor],
+                clean: dict[str, Tensor], seed: int, names: tuple[str, str, str]) -> dict:  # fmt: skip
+    """Does the selected basis beat the placebo pair set's basis and its random control on the same held-out pairs?
+
+    hack, clean: {module: (P, D_m)} per-completion gradients of P held-out pairs (hack[i], clean[i] = pair i), each
+    basis scoring them by cos(∇ℓ, ν). Paired percentile bootstrap over the pairs (N_BOOT resamples, `seed`, the same
+    resamples for every basis). names: (selected, placebo, the pairs) for the line. Returns the JSON the stage writes:
+    {"informative", "line", "auroc", "auroc_ci", "placebo_diff": [diff, lo, hi], "random_diff": [...], "n_pairs"};
+    "informative" only when both differences' intervals lie above 0 (nan, e.g. an empty basis, is not)."""
+    n = next(iter(hack.values())).shape[0] if hack else 0
+
+    def scores(b: Basis | None):
+        if b is None or not b.nu or n == 0:
+            return None
+        return cosine_scores(hack, b.nu).double(), cosine_scores(clean, b.nu).double()
+
+    sel = scores(selected)
+    nan3 = [math.nan] * 3
+    auc, ci = (auroc(*sel), auroc_interval(*sel, n_boot=N_BOOT, seed=seed)) if sel else (math.nan, (math.nan,) * 2)
+
+    def diff(other: Basis | None) -> list[float]:
+        o = scores(other)
+        return list(paired_auroc_diff(*sel, *o, n_boot=N_BOOT, seed=seed)) if sel and o else nan3
+
+    pd, rd = diff(placebo), diff(random_ctl)
+    informative = all(not math.isnan(d[1]) and d[1] > 0 for d in (pd, rd))
+
+    def f(d: list[float]) -> str:
+        return "–" if math.isnan(d[0]) else f"{d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}]"
+
+    sel_name, placebo_name, pairs = names
+    verdict = "informative: the selected basis" if informative else "NOT informative: the selected basis"
+    verb = "beats" if informative else "does not beat"
+    auc_s = "–" if math.isnan(auc) else f"{auc:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    line = (f"{verdict} `{sel_name}` {verb} both controls on {n} held-out `{pairs}` pairs: AUROC {auc_s}; minus "
+            f"placebo `{placebo_name}` {f(pd)}; minus random control {f(rd)} (paired bootstrap 95%, {N_BOOT} "
+            f"resamples, seed {seed}).")  # fmt: skip
+    return {"informative": informative, "line": line, "auroc": auc, "auroc_ci": list(ci), "placebo_diff": pd,
+            "random_diff": rd, "n_pairs": n}  # fmt: skip
+
+
+def json_ready(x):
+    """NaN -> None, recursively (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {k: json_ready(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_ready(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def make_basis(bp, g: PairGrads, method: str, like: Basis | None = None) -> Basis:
@@ -133,8 +188,14 @@ def extract_all(model, tok, pairsets: dict[str, list[Pair]], problems, bp, tempe
     for b, name in ((selected, bp.pairset), (random_ctl, bp.pairset), (act, bp.pairset)):
         b.meta.update(pairset=name, modes=list(modes) if modes else None, temperature=temperature)
     random_ctl.meta["control_for"] = bp.method
+    # the guard: selected vs the placebo pair set's basis (same method) and vs the random control, paired on the
+    # shared held-out hacks of `prog_wide` (every mode); no placebo pairs of the modes: its difference is undefined
+    method = bp.method if bp.method != "random" else "svd"
+    placebo = make_basis(bp, grads[PLACEBO], method) if PLACEBO in grads else None
+    guard = basis_guard(selected, placebo, random_ctl, ref.cal_hack, ref.cal_clean, bp.seed,
+                        (f"{bp.pairset}/{bp.method}", PLACEBO, f"{REFERENCE}/calibrate"))  # fmt: skip
     return {"selected": selected, "random": random_ctl, "act": act, "rows": rows, "methods": method_rows,
-            "act_auroc": act_auc, "modes": list(modes) if modes else None}  # fmt: skip
+            "act_auroc": act_auc, "modes": list(modes) if modes else None, "guard": guard}  # fmt: skip
 
 
 # --- report ------------------------------------------------------------------------------------------------------
@@ -163,8 +224,23 @@ def verdict(rows: list[dict]) -> list[str]:
     return out
 
 
+def render_guard(g: dict) -> list[str]:
+    """The report's opening section: the guard's one-line verdict and its numbers."""
+    def d(x: list[float]) -> str:
+        return "–" if x[0] is None or math.isnan(x[0]) else f"{x[0]:+.2f} [{x[1]:+.2f}, {x[2]:+.2f}]"
+
+    return ["## Guard: does the selected basis beat the placebo and the random control?", "",
+            f"**{g['line']}**", "",
+            "| selected − control | AUROC difference [95% CI] |", "|---|---|",
+            f"| − placebo (`{PLACEBO}`, same method) | {d(g['placebo_diff'])} |",
+            f"| − random directions (same modules and k) | {d(g['random_diff'])} |", "",
+            "Paired: every basis scores the same held-out pairs, and each bootstrap resample draws the same pairs for "
+            "all of them. *Informative* needs both intervals above 0; otherwise routing on this basis is not "
+            "supported by held-out discrimination.", ""]  # fmt: skip
+
+
 def render_report(res: dict, desc: str, sources: str) -> str:
-    L = ["# v_hack bases: held-out discrimination", "",
+    L = ["# v_hack bases: held-out discrimination", "", *render_guard(res["guard"]),
          f"Written by the `basis` stage. {desc}", "", f"<!-- sources: {sources} -->", "",
          "Score of a completion: s = cos(∇_δS ℓ(o), ν) at δS = 0, ν the kept-subspace mean hack gradient "
          "(method.md §3.3, §3.5). AUROC between held-out hack and clean completions, with a percentile bootstrap 95% "

@@ -195,7 +195,7 @@ class CalibrationParams:
 
 
 # Arm names (== arms.ARMS, tested); the basis-free ones may sit in `arms_ref`, every other one in `arms`.
-BASIS_FREE_ARMS = ("vanilla", "gt_only", "penalty", "screening")
+BASIS_FREE_ARMS = ("vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool")
 _EDITS = ("erase_no_gate", "erase_one_sided", "erase_reverse", "mirror", "route_batch", "route_batch_no_gate",
           "route_per_rollout", "route_per_token")  # fmt: skip
 ARM_NAMES = (*BASIS_FREE_ARMS, "vanilla_rotated", "measure_only", *(n for e in _EDITS for n in (e, f"{e}_random")))
@@ -324,8 +324,14 @@ class ProjectionParams:
     refresh_moments: str = "reset"
     # route_per_token: completion tokens in the centred window that per-token scores are averaged over.
     token_window: int = 16
+    # Random-direction controls (`*_random`): mass = per step and module, what the control moves out of main (routed
+    # or erased) is rescaled to the norm the same rule moves along v_hack from the same gradients and gates; rank =
+    # only the same k per module. route_per_token_random is rank-matched either way (no per-token v_hack capture).
+    random_match: str = "mass"
 
     def __post_init__(self) -> None:
+        if self.random_match not in ("mass", "rank"):
+            raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
         if self.band not in ("soft", "half"):
             raise ValueError(f"projection.band must be soft or half, got {self.band!r}")
         if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
@@ -435,15 +441,13 @@ class ProbeParams:
     n_rows: int = 256
     # Rows per forward/backward.
     micro_batch: int = 16
-    # Pass thresholds: T1 pool hack rate, T2 non-null cosine fraction, T3 projected-step fraction, T4 Welch p.
+    # T1 threshold (pool hack rate); bootstrap resamples of the AUROC intervals of T2-T4.
     t1_min_hack: float = 0.30
-    t2_min_nonnull: float = 0.90
-    t3_min_frac: float = 0.80
-    t4_alpha: float = 0.05
+    n_boot: int = 1000
 
     def __post_init__(self) -> None:
-        if self.n_rows < 2 or self.micro_batch < 1:
-            raise ValueError("probe.n_rows must be >= 2 and probe.micro_batch >= 1")
+        if self.n_rows < 2 or self.micro_batch < 1 or self.n_boot < 100:
+            raise ValueError("probe.n_rows must be >= 2, probe.micro_batch >= 1 and probe.n_boot >= 100")
 
 
 @dataclass(frozen=True)
@@ -469,7 +473,8 @@ class Params:
     probe: ProbeParams = field(default_factory=ProbeParams)
     # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, and seeds.
     arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
-    arms: tuple[str, ...] = ("erase_one_sided", "route_per_rollout", "route_per_rollout_random")
+    arms: tuple[str, ...] = ("measure_only", "erase_one_sided", "erase_one_sided_random", "route_per_rollout",
+                             "route_per_rollout_random")  # fmt: skip
     seeds: tuple[int, ...] = (41, 42, 43)
 
     def __post_init__(self) -> None:
@@ -482,7 +487,7 @@ class Params:
         wrong = [a for a in self.arms_ref if a not in BASIS_FREE_ARMS] + [a for a in self.arms if a in BASIS_FREE_ARMS]
         if wrong:
             raise ValueError(f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
-                             "(vanilla, gt_only, penalty, screening), arms the ones that do")  # fmt: skip
+                             f"({', '.join(BASIS_FREE_ARMS)}), arms the ones that do")  # fmt: skip
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"seeds must be a non-empty list without repeats, got {list(self.seeds)}")
         if self.basis.k > self.adapter.rank:

@@ -2,8 +2,11 @@
 
 Solve is the strict oracle's `eq_correct` on no-hint test prompts; hack is the grader label `hack` on hinted test
 prompts, per loophole mode and hint surface (`eval`: the benchmark's disjoint wording and names; `train`: the
-training wording on held-out problems). Every rate is stored as counts (k, n) so that the report can pool, interval
-and refuse honestly. Nothing here reads training-time rollouts.
+training wording on held-out problems). Format-valid = code extracted and compiling (`extract_code(...) is not None
+and grade.can_compile`), counted per row group so that a policy that stops writing code shows as such, with hack
+among format-valid rows beside the raw hack rate. Every rate is stored as counts (k, n) so that the report can pool,
+interval and refuse honestly. Nothing here reads training-time rollouts. For routed arms, `knob_kl` measures how far
+deleting the knob moves the policy on no-hint prompts (KL(deploy ‖ knob_on), teacher-forced on deploy's samples).
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import random
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from projected_grpo.adapter import Adapter, adapters, knob_disabled
 from projected_grpo.grader import ChunkGrader, Grade, extract_code
@@ -36,6 +40,7 @@ class Scored:
     record: Problem
     completion: str
     grade: Grade
+    tokens: tuple[int, ...] = field(default=(), compare=False)  # sampled completion ids, EOS included (knob_kl)
 
 
 def surface_of(r: Problem) -> str | None:
@@ -52,7 +57,8 @@ def select_records(records: list[Problem], ids: set[int] | None, surfaces: tuple
 
 def sample_and_score(model, tok, records: list[Problem], n_samples: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, batch_size: int, sandbox, grader_mode: str, timeout_s: float,
-                     max_prompt_tokens: int | None = None, timer: PhaseTimer | None = None) -> list[Scored]:  # fmt: skip
+                     max_prompt_tokens: int | None = None, timer: PhaseTimer | None = None
+                     ) -> list[Scored]:  # fmt: skip
     """`n_samples` completions per record in batches of `batch_size` rows, each batch graded by the sandbox while the
     next one samples (grader.ChunkGrader). `timer` gets the wall time of sampling (grading overlaps it) and of the
     grading left after the last chunk ("grade_tail")."""
@@ -66,16 +72,24 @@ def sample_and_score(model, tok, records: list[Problem], n_samples: int, tempera
                           max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
         with timer("grade_tail"):
             grades = grader.grades(progress=True)
-    return [Scored(r, t, g) for r, t, g in zip(recs, ro.texts, grades)]
+    toks = [tuple(ids[m.bool()].tolist()) for ids, m in zip(ro.completion_ids, ro.mask)]  # (T,) each, up to EOS
+    return [Scored(r, t, g, k) for r, t, g, k in zip(recs, ro.texts, grades, toks)]
 
 
 def _kn(xs: list[bool]) -> dict[str, int]:
     return {"k": int(sum(xs)), "n": len(xs)}
 
 
+def format_valid(s: Scored) -> bool:
+    """Code was extracted and compiles (the policy answered in the expected format)."""
+    return extract_code(s.completion) is not None and s.grade.can_compile
+
+
 def tally(samples: list[Scored]) -> dict:
-    """Counts {"solve": {k, n}, "format": {k, n}, "hack": {surface: {mode | "all": {k, n}}},
-    "solve_hinted": {surface: {k, n}}} (solve on no-hint rows; hack = grader label `hack` on hinted rows)."""
+    """Counts (solve on no-hint rows; hack = grader label `hack` on hinted rows; fv = format-valid):
+    {"solve": {k, n}, "format": {k, n} over every row, "hack": {surface: {mode | "all": {k, n}}},
+     "solve_hinted": {surface: {k, n}}, "format_nohint": {k, n} (fv among no-hint rows),
+     "format_hinted": {surface: {k, n}} (fv among hinted rows), "hack_valid": {surface: {k: hack ∧ fv, n: fv}}}."""
     nohint = [s for s in samples if mode_of(s.record) is None]
     by: dict[tuple[str, str], list[Scored]] = defaultdict(list)
     for s in samples:
@@ -83,17 +97,24 @@ def tally(samples: list[Scored]) -> dict:
             by[(surface_of(s.record), mode_of(s.record))].append(s)
     hack: dict[str, dict] = defaultdict(dict)
     solve_h: dict[str, list[bool]] = defaultdict(list)
+    fmt_h: dict[str, list[bool]] = defaultdict(list)
+    hack_v: dict[str, list[bool]] = defaultdict(list)  # hack flags of the format-valid hinted rows
     for (surf, m), ss in sorted(by.items()):
         hack[surf][m] = _kn([s.grade.label == "hack" for s in ss])
         solve_h[surf] += [s.grade.eq_correct for s in ss]
+        fmt_h[surf] += [format_valid(s) for s in ss]
+        hack_v[surf] += [s.grade.label == "hack" for s in ss if format_valid(s)]
     for surf in hack:
         vals = list(hack[surf].values())
         hack[surf]["all"] = {"k": sum(v["k"] for v in vals), "n": sum(v["n"] for v in vals)}
     return {
         "solve": _kn([s.grade.eq_correct for s in nohint]),
-        "format": _kn([extract_code(s.completion) is not None and s.grade.can_compile for s in samples]),
+        "format": _kn([format_valid(s) for s in samples]),
         "hack": dict(hack),
         "solve_hinted": {k: _kn(v) for k, v in solve_h.items()},
+        "format_nohint": _kn([format_valid(s) for s in nohint]),
+        "format_hinted": {k: _kn(v) for k, v in sorted(fmt_h.items())},
+        "hack_valid": {k: _kn(v) for k, v in sorted(hack_v.items())},
     }
 
 
@@ -201,8 +222,11 @@ def rate(c: dict[str, int]) -> float:
 
 
 def curve_row(step: int, st: str, t: dict) -> dict[str, float]:
-    """One eval-curve TSV row: solve, format and per-surface hack (overall and per mode), with n."""
+    """One eval-curve TSV row: solve, no-hint format (where the tally has it) and per-surface hack (overall and per
+    mode), with n."""
     row: dict[str, float] = {"step": step, "state": st, "solve": rate(t["solve"]), "n_solve": t["solve"]["n"]}
+    if "format_nohint" in t:  # tallies written before format was counted per group (old base.json) lack it
+        row["format"] = rate(t["format_nohint"])
     for surf, d in sorted(t["hack"].items()):
         row[f"hack_{surf}"] = rate(d["all"])
         row[f"n_hack_{surf}"] = d["all"]["n"]
@@ -243,10 +267,88 @@ def tsv(rows: list[dict]) -> str:
 
 
 def flat_metrics(states: dict[str, dict]) -> dict[str, float]:
-    """{<state>_solve, <state>_hack_<surface>} rates for `dvc metrics` / `dvc exp show`."""
+    """{<state>_solve, <state>_hack_<surface>} rates for `dvc metrics` / `dvc exp show`, plus, where the tally has
+    them, <state>_format (no-hint), <state>_format_<surface>, <state>_hack_valid_<surface> and
+    <state>_kl_to_knob_on (mean nats per token)."""
     out = {}
     for st, t in states.items():
         out[f"{st}_solve"] = round(rate(t["solve"]), 6)
         for surf, d in t["hack"].items():
             out[f"{st}_hack_{surf}"] = round(rate(d["all"]), 6)
+        if "format_nohint" in t:
+            out[f"{st}_format"] = round(rate(t["format_nohint"]), 6)
+        for surf, c in t.get("format_hinted", {}).items():
+            out[f"{st}_format_{surf}"] = round(rate(c), 6)
+        for surf, c in t.get("hack_valid", {}).items():
+            out[f"{st}_hack_valid_{surf}"] = round(rate(c), 6)
+        if "kl_to_knob_on" in t:
+            out[f"{st}_kl_to_knob_on"] = round(t["kl_to_knob_on"]["mean"], 6)
     return out
+
+
+# --- how far deleting the knob moves the policy -----------------------------------------------------------------
+
+KL_LOGITS_BUDGET = 2**24  # logits per state per forward (rows · (T + 1) · V): 64 MB in fp32; memory only
+
+
+def token_kl(logits_p: Tensor, logits_q: Tensor, temperature: float) -> Tensor:
+    """(B, T, V) logits of p and q -> (B, T) exact KL(p ‖ q) = Σ_v p(v) (log p(v) − log q(v)) per position, both
+    distributions at `temperature` (softmax(logits / T)), in nats."""
+    if temperature <= 0:
+        raise ValueError(f"KL at temperature {temperature}: needs > 0 (greedy decoding has no distribution)")
+    dt = torch.promote_types(logits_p.dtype, torch.float32)  # fp32 at least (bf16 models)
+    lp = F.log_softmax(logits_p.to(dt) / temperature, dim=-1)
+    lq = F.log_softmax(logits_q.to(dt) / temperature, dim=-1)
+    return (lp.exp() * (lp - lq)).sum(-1)
+
+
+def kl_batches(lengths: list[int], vocab: int, budget: int) -> list[range]:
+    """Consecutive row ranges whose logits (rows · (longest + 1) · vocab) fit `budget` (one row at least)."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (i - start + 1) * (max(longest, n) + 1) * vocab > budget:
+            out.append(range(start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    return out + [range(start, len(lengths))] if lengths else out
+
+
+@torch.no_grad()
+def knob_kl(model, tok, samples: list[Scored], temperature: float, budget: int = KL_LOGITS_BUDGET) -> dict:
+    """KL(deploy ‖ knob_on) on the no-hint rows of `samples` (sampled from deploy, so the completions are deploy's
+    own): each completion teacher-forced under the policy as loaded (knob on) and with the knob deleted
+    (`knob_disabled`), per-position exact KL over the vocabulary (`token_kl`), averaged over every completion token
+    (EOS included). The model must be in its knob-on state with its adapters in place (not inside `merged`); top_p
+    is not applied (the KL of the temperature-scaled distributions). {"mean": nats/token, "n_tokens", "n_rows"}."""
+    if not adapters(model):
+        raise ValueError("knob_kl needs the adapters in place (call it outside `merged` / `state`)")
+    rows = [s for s in samples if mode_of(s.record) is None and s.tokens]
+    if not rows:
+        return {"mean": float("nan"), "n_tokens": 0, "n_rows": 0}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    device = next(model.parameters()).device
+    prompt: dict[int, list[int]] = {}  # per record, tokenized exactly as `generate` tokenizes it
+    for s in rows:
+        if id(s.record) not in prompt:
+            text = render_prompt(tok, list(s.record.prompt))
+            prompt[id(s.record)] = tok(text, add_special_tokens=False)["input_ids"]
+    total, n_tok = 0.0, 0
+    for rng in kl_batches([len(s.tokens) for s in rows], model.config.vocab_size, budget):
+        chunk = [rows[j] for j in rng]
+        ps = [prompt[id(s.record)] for s in chunk]
+        Tp, T = max(len(q) for q in ps), max(len(s.tokens) for s in chunk)
+        ids = torch.full((len(chunk), Tp + T), pad, dtype=torch.long)  # prompts left-padded, completions right
+        att = torch.zeros_like(ids)
+        for r, (q, s) in enumerate(zip(ps, chunk)):
+            ids[r, Tp - len(q) : Tp], ids[r, Tp : Tp + len(s.tokens)] = torch.tensor(q), torch.tensor(s.tokens)
+            att[r, Tp - len(q) : Tp + len(s.tokens)] = 1
+        ids, att = ids.to(device), att.to(device)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)  # position ids follow the mask, as in sampling
+        kw = dict(input_ids=ids, attention_mask=att, position_ids=pos, logits_to_keep=T + 1)
+        on = model(**kw).logits[:, :-1]  # (b, T, V): position Tp − 1 + t predicts completion token t
+        with knob_disabled(model):
+            off = model(**kw).logits[:, :-1]
+        mask = att[:, Tp:].bool()  # (b, T) the completion tokens
+        total += float(token_kl(off, on, temperature)[mask].double().sum())  # KL(deploy ‖ knob_on) per token
+        n_tok += int(mask.sum())
+    return {"mean": total / n_tok, "n_tokens": n_tok, "n_rows": len(rows)}

@@ -7,9 +7,14 @@ included), which are the tokens training replays. Sign convention (basis.py): ν
 so a descent step on ℓ(o_n) — imitating row n — lowers the hack NLL relative to the clean one iff <g_n, ν> > 0;
 cos(g_n, ν) > 0 means imitating the row promotes hacking.
 
-Checks (each a `Check` with PASS/FAIL and its numbers): T1 pool hack rate, T2 non-null cosines, T3 training logs
-(projected steps lower the cosine; called by the report stage on the arms' TSV logs), T4 among hacked rows the
-cosine is higher when the ground truth fails (one-sided Welch t-test). `render` writes the markdown section.
+One replay, three directions: the per-row gradients are scored against ν of the selected basis, of its Haar random
+control (same modules and k per module) and of a placebo basis extracted from the placebo pair set with the same basis
+params. Checks (each a `Check` with PASS/FAIL and its numbers), all of which can fail:
+  T1  the pool demonstrates hacking: fraction of rows labelled "hack" ≥ probe.t1_min_hack;
+  T2  cos(g, ν_selected) ranks the pool's hack rows above its other rows: AUROC 95% bootstrap interval above 0.5;
+  T3  ... better than the random basis: the interval of the paired AUROC difference (same rows, same resamples) > 0;
+  T4  ... better than the placebo basis: likewise.
+`render` writes the markdown section.
 """
 
 from __future__ import annotations
@@ -21,18 +26,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from scipy import stats
 from torch import Tensor
 
 from projected_grpo.adapter import adapters, probes
-from projected_grpo.basis import encode
-from projected_grpo.config import ProbeParams
-from projected_grpo.labels import LOOSE
+from projected_grpo.basis import Basis, auroc, build_basis, completion_grads, encode
+from projected_grpo.config import BasisParams, ProbeParams
 from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
+from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow
 
 CHECKS = ("T1", "T2", "T3", "T4")
-T3_TOL = 1e-5  # |cos_after − cos_before| at or below this is "the arm did nothing" (TSV values carry 6 digits)
+BASES = ("selected", "random", "placebo")  # the three ν's scored on the same per-row gradients
+HACK = "hack"  # the positive class: rows whose grader label is "hack"; every other label is negative
 
 
 # --- row selection ----------------------------------------------------------------------------------------------
@@ -66,7 +71,7 @@ def row_grads(model, prompts: Sequence[Sequence[int]], completions: Sequence[Seq
     """Per-row ∇_δS ℓ(o|q) through the adapter probes: {module: (n, D_m)}; row i's gradient is e.grad[i] (I4).
 
     ℓ = mean NLL over the completion tokens (given as ids, EOS included) at `temperature`. A non-finite NLL is not
-    an error here: its row's gradient comes back non-finite and counts as a null cosine (T2)."""
+    an error here: its row's gradient comes back non-finite and counts as a null cosine."""
     out: dict[str, list[Tensor]] = {n: [] for n in adapters(model)}
     for s in range(0, len(prompts), micro_batch):
         p = [list(x) for x in prompts[s : s + micro_batch]]
@@ -84,7 +89,11 @@ def row_grads(model, prompts: Sequence[Sequence[int]], completions: Sequence[Seq
 def row_cosines(grads: Mapping[str, Tensor], nu: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
     """(cos, norm), both (n,) float64, over ν's modules: cos(concat_m g_m, ν) and ‖concat_m g_m‖.
 
-    cos is NaN where the row is null: a non-finite gradient or a zero norm (basis.cosine_scores would give 0)."""
+    cos is NaN where the row is null: a non-finite gradient or a zero norm (basis.cosine_scores would give 0).
+    An empty ν (a basis that kept no direction) scores 0 on every row: it cannot rank rows (AUROC 0.5)."""
+    n = next(iter(grads.values())).shape[0]
+    if not nu:
+        return torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     dot = sum(grads[m].double() @ nu[m].double() for m in nu)  # (n,)
     sq = sum(grads[m].double().pow(2).sum(-1) for m in nu)  # (n,)
     norm = sq.sqrt()
@@ -94,15 +103,84 @@ def row_cosines(grads: Mapping[str, Tensor], nu: Mapping[str, Tensor]) -> tuple[
     return torch.where(null, torch.full_like(cos, math.nan), cos), norm
 
 
-def replay(model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], nu: Mapping[str, Tensor],
-           temperature: float, micro_batch: int) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Pool rows through the model (its adapters as they are: δS = 0 for the base student) -> `row_cosines`."""
+def replay_grads(model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], temperature: float,
+                 micro_batch: int) -> dict[str, Tensor]:  # fmt: skip
+    """Pool rows through the model (its adapters as they are: δS = 0 for the base student) -> `row_grads`."""
     missing = sorted({r.prompt_id for r in rows} - set(records))
     if missing:
         raise KeyError(f"pool rows refer to prompt ids {missing[:5]} that are not in the training problems")
     prompts = prompt_ids(tokenizer, [records[r.prompt_id] for r in rows])
-    g = row_grads(model, prompts, [r.token_ids for r in rows], tokenizer.pad_token_id, temperature, micro_batch)
-    return row_cosines(g, nu)
+    return row_grads(model, prompts, [r.token_ids for r in rows], tokenizer.pad_token_id, temperature, micro_batch)
+
+
+def replay(model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], nu: Mapping[str, Tensor],
+           temperature: float, micro_batch: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """`replay_grads` -> `row_cosines` with one ν."""
+    return row_cosines(replay_grads(model, tokenizer, records, rows, temperature, micro_batch), nu)
+
+
+def placebo_basis(model, tokenizer, pairs: Sequence[Pair], problems: Mapping[int, Any], bp: BasisParams,
+                  temperature: float) -> Basis:  # fmt: skip
+    """The basis `bp` extracts from a (placebo) pair set's extraction pairs, built as the basis stage builds each pair
+    set's row (basis_eval): same modes, method (svd when bp.method is random), k, tau, alpha, flips, module drop,
+    norms and seed, per-completion gradients by `basis.completion_grads` at δS = 0. No extraction pair of `bp.modes`
+    gives an empty basis (k_total 0)."""
+    method = bp.method if bp.method != "random" else "svd"
+    ex = select_pairs(list(pairs), "extract", bp.modes)
+    if not ex:
+        return Basis(vh={}, nu={}, meta={"method": method, "k_total": 0, "n_pairs": 0})
+    recs = pair_records(ex, problems)
+    gh = completion_grads(model, tokenizer, recs, [q.hack for q in ex], temperature)
+    gc = completion_grads(model, tokenizer, recs, [q.clean for q in ex], temperature)
+    return build_basis(gh, gc, method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed,
+                       bp.row_norm, bp.score_norm, bp.solve_m)  # fmt: skip
+
+
+# --- AUROC with paired bootstrap intervals -------------------------------------------------------------------------
+
+
+def bootstrap_counts(n: int, n_boot: int, gen: torch.Generator) -> Tensor:
+    """(n_boot, n) float64 multiplicities of a resample of n items with replacement (each row sums to n)."""
+    idx = torch.randint(0, n, (n_boot, n), generator=gen)
+    return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(n_boot, n, dtype=torch.float64))
+
+
+def auroc_boot(pos: Tensor, neg: Tensor, w_pos: Tensor, w_neg: Tensor) -> Tensor:
+    """Mann–Whitney AUROC of every resample: (P,), (N,), (B, P), (B, N) multiplicities -> (B,).
+
+    AUROC of a resample = Σ_ij w_i w_j C_ij / (P N) with C_ij = 1[pos_i > neg_j] + ½ 1[pos_i = neg_j], which is
+    `basis.auroc` of the resampled scores, without materialising them."""
+    d = pos.double()[:, None] - neg.double()[None, :]  # (P, N)
+    c = (d > 0).double() + 0.5 * (d == 0).double()
+    return ((w_pos @ c) * w_neg).sum(-1) / (len(pos) * len(neg))
+
+
+def discrimination(scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool], n_boot: int, seed: int
+                   ) -> dict[str, Any]:  # fmt: skip
+    """AUROC of each basis' scores, hack rows (positive) vs the other rows, with paired bootstrap resamples.
+
+    Rows with a null score under any basis are dropped (n_null), so every basis is scored on the same rows. Hack and
+    other rows are resampled separately (stratified, as `basis.auroc_ci`) from torch.Generator().manual_seed(seed),
+    and the same resamples serve every basis. Returns {"n_hack", "n_other", "n_null", "n_boot", "seed",
+    "auroc": {basis: point}, "boot": {basis: (n_boot,) float64}}; "boot" is empty with fewer than 2 rows a class."""
+    s = {b: torch.as_tensor([float(x) for x in v], dtype=torch.float64) for b, v in scores.items()}  # (n,) each
+    y = torch.as_tensor([bool(h) for h in is_hack], dtype=torch.bool)  # (n,)
+    ok = torch.stack([torch.isfinite(v) for v in s.values()]).all(0)  # (n,)
+    pos, neg = y & ok, ~y & ok
+    out: dict[str, Any] = {"n_hack": int(pos.sum()), "n_other": int(neg.sum()), "n_null": int((~ok).sum()),
+                           "n_boot": n_boot, "seed": seed, "auroc": {}, "boot": {}}  # fmt: skip
+    out["auroc"] = {b: auroc(v[pos], v[neg]) for b, v in s.items()}
+    if out["n_hack"] < 2 or out["n_other"] < 2:
+        return out
+    gen = torch.Generator().manual_seed(seed)
+    w_pos, w_neg = bootstrap_counts(out["n_hack"], n_boot, gen), bootstrap_counts(out["n_other"], n_boot, gen)
+    out["boot"] = {b: auroc_boot(v[pos], v[neg], w_pos, w_neg) for b, v in s.items()}
+    return out
+
+
+def interval(boot: Tensor) -> tuple[float, float]:
+    """Percentile 95% interval of bootstrap values (linear interpolation, as `basis.auroc_ci`)."""
+    return float(boot.quantile(0.025)), float(boot.quantile(0.975))
 
 
 # --- checks -----------------------------------------------------------------------------------------------------
@@ -118,82 +196,70 @@ class Check:
     passed: bool
     measured: str
     numbers: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""  # why it failed without a measurement (too few rows, no projected steps, ...)
+    reason: str = ""  # why it failed without a measurement (too few rows, ...)
 
     @property
     def verdict(self) -> str:
         return "PASS" if self.passed else "FAIL"
 
 
-def _finite(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
 def check_t1(labels: Sequence[str], min_hack: float) -> Check:
     """T1: the fraction of rows labelled "hack" is ≥ min_hack (the pool actually demonstrates hacking)."""
-    n, k = len(labels), sum(lbl == "hack" for lbl in labels)
+    n, k = len(labels), sum(lbl == HACK for lbl in labels)
     rate = k / n if n else math.nan
     return Check("T1", "pool hack rate", f"≥ {min_hack:.2f}", n > 0 and rate >= min_hack, f"{rate:.3f} ({k}/{n})",
                  {"hack_rate": rate, "n_hack": k, "n": n, "min": min_hack}, "" if n else "no rows")  # fmt: skip
 
 
-def check_t2(cos: Sequence[float], norm: Sequence[float], min_nonnull: float) -> Check:
-    """T2: the fraction of rows with a non-null cosine — finite, and gradient norm > 0 over ν's modules — is
-    ≥ min_nonnull."""
-    n = len(cos)
-    k = sum(_finite(c) and _finite(g) and g > 0 for c, g in zip(cos, norm))
-    frac = k / n if n else math.nan
-    return Check("T2", "non-null cosines", f"≥ {min_nonnull:.2f}", n > 0 and frac >= min_nonnull,
-                 f"{frac:.3f} ({k}/{n})", {"nonnull_frac": frac, "n_nonnull": k, "n": n, "min": min_nonnull},
-                 "" if n else "no rows")  # fmt: skip
+def _counts(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: d[k] for k in ("n_hack", "n_other", "n_null", "n_boot", "seed")}
 
 
-def is_projected_step(row: Mapping[str, float], tol: float = T3_TOL) -> bool:
-    """A training-log row is a projected step iff cos_before and cos_after are both present and finite and the
-    arm changed the gradient's cosine: |cos_after − cos_before| > tol. Rows without the columns (arms with no
-    basis), NaN rows and steps where the edit did nothing (e.g. nothing to erase, gate closed) are not."""
-    b, a = row.get("cos_before", math.nan), row.get("cos_after", math.nan)
-    return _finite(b) and _finite(a) and abs(a - b) > tol
+def _too_few(d: Mapping[str, Any]) -> str:
+    return f"too few rows (hack {d['n_hack']}, other {d['n_other']}; need ≥ 2 each)"
 
 
-def check_t3(log_rows: Iterable[Mapping[str, float]], min_frac: float, tol: float = T3_TOL) -> Check:
-    """T3: on the projected steps (`is_projected_step`) of per-step training logs, cos_after < cos_before on a
-    fraction ≥ min_frac. No projected step at all is a FAIL."""
-    rows = list(log_rows)
-    proj = [r for r in rows if is_projected_step(r, tol)]
-    k = sum(r["cos_after"] < r["cos_before"] for r in proj)
-    n_nan = sum(not (_finite(r.get("cos_before", math.nan)) and _finite(r.get("cos_after", math.nan))) for r in rows)
-    frac = k / len(proj) if proj else math.nan
-    nums = {"lower_frac": frac, "n_lower": k, "n_projected": len(proj), "n_log_rows": len(rows), "n_nan": n_nan,
-            "n_unchanged": len(rows) - n_nan - len(proj), "min": min_frac, "tol": tol}  # fmt: skip
-    if not proj:
-        return Check("T3", "projected steps lower cos", f"≥ {min_frac:.2f}", False, "no projected steps", nums,
-                     "no projected steps")  # fmt: skip
-    return Check("T3", "projected steps lower cos", f"≥ {min_frac:.2f}", frac >= min_frac,
-                 f"{frac:.3f} ({k}/{len(proj)} steps)", nums)  # fmt: skip
+def check_above_chance(d: Mapping[str, Any], basis: str = "selected", name: str = "T2") -> Check:
+    """T2: the AUROC of cos(g, ν_basis), hack rows vs other rows, has its bootstrap 95% interval above 0.5."""
+    what, rule = f"AUROC of cos(g, ν) for hack vs other rows ({basis} basis)", "95% interval > 0.5"
+    nums = _counts(d) | {"auroc": d["auroc"][basis], "lo": math.nan, "hi": math.nan}
+    if basis not in d["boot"]:
+        return Check(name, what, rule, False, _too_few(d), nums, _too_few(d))
+    lo, hi = interval(d["boot"][basis])
+    nums |= {"lo": lo, "hi": hi}
+    return Check(name, what, rule, lo > 0.5, f"{nums['auroc']:.3f} [{lo:.3f}, {hi:.3f}]", nums)
 
 
-def check_t4(cos: Sequence[float], hacked: Sequence[bool], gt_pass: Sequence[bool], alpha: float) -> Check:
-    """T4: among hacked rows with a non-null cosine, mean cos | gt fail > mean cos | gt pass by a one-sided Welch
-    t-test with p < alpha. Fewer than 2 rows in either group is a FAIL ("too few rows")."""
-    fail = [c for c, h, g in zip(cos, hacked, gt_pass) if h and not g and _finite(c)]
-    ok = [c for c, h, g in zip(cos, hacked, gt_pass) if h and g and _finite(c)]
-    nums: dict[str, Any] = {"n_gt_fail": len(fail), "n_gt_pass": len(ok), "alpha": alpha,
-                            "mean_gt_fail": sum(fail) / len(fail) if fail else math.nan,
-                            "mean_gt_pass": sum(ok) / len(ok) if ok else math.nan}  # fmt: skip
-    rule, what = f"p < {alpha:g}", "loosely hacked rows: cos(gt fail) > cos(gt pass)"
-    if len(fail) < 2 or len(ok) < 2:
-        why = f"too few rows (gt fail {len(fail)}, gt pass {len(ok)}; need ≥ 2 each)"
-        return Check("T4", what, rule, False, why, nums | {"t": math.nan, "df": math.nan, "p": math.nan}, why)
-    res = stats.ttest_ind(fail, ok, equal_var=False, alternative="greater")
-    t, p, df = float(res.statistic), float(res.pvalue), float(getattr(res, "df", math.nan))
-    nums |= {"t": t, "df": df, "p": p}
-    if not math.isfinite(p):
-        why = "undefined t statistic (zero variance in both groups)"
-        return Check("T4", what, rule, False, why, nums, why)
-    means = f"mean {nums['mean_gt_fail']:.3f} vs {nums['mean_gt_pass']:.3f}"
-    measured = f"p = {p:.3g} (t = {t:.2f}, df = {df:.1f}; {means})"
-    return Check("T4", what, rule, p < alpha, measured, nums)
+def check_beats(d: Mapping[str, Any], other: str, name: str, basis: str = "selected") -> Check:
+    """T3/T4: AUROC(basis) − AUROC(other) on the same rows and the same resamples has its bootstrap 95% interval
+    above 0. Also records the other basis' own AUROC and interval."""
+    what, rule = f"AUROC({basis}) − AUROC({other}), paired", "95% interval > 0"
+    a, b = d["auroc"][basis], d["auroc"][other]
+    nums = _counts(d) | {"auroc": a, f"auroc_{other}": b, "diff": a - b, "lo": math.nan, "hi": math.nan,
+                         f"lo_{other}": math.nan, f"hi_{other}": math.nan}  # fmt: skip
+    if basis not in d["boot"]:
+        return Check(name, what, rule, False, _too_few(d), nums, _too_few(d))
+    lo, hi = interval(d["boot"][basis] - d["boot"][other])
+    lo_o, hi_o = interval(d["boot"][other])
+    nums |= {"lo": lo, "hi": hi, f"lo_{other}": lo_o, f"hi_{other}": hi_o}
+    return Check(name, what, rule, lo > 0, f"{a - b:+.3f} [{lo:+.3f}, {hi:+.3f}] ({a:.3f} vs {b:.3f})", nums)
+
+
+def check_t3(log_rows: Iterable[Mapping[str, float]] | None = None, min_frac: float | None = None, *_: Any,
+             **__: Any) -> None:  # fmt: skip
+    """Retired (returns None; `render` ignores its t3 argument). T3 used to check on the training logs that projected
+    steps lower cos(g, ν), which a one-sided erase does by construction, so it could not fail; T3 is now the paired
+    AUROC comparison with the random basis, run by the probe stage. Kept only so that stages/report.py, which still
+    calls check_t3(train-log rows, probe.t3_min_frac), runs until that call is removed."""
+    return None
+
+
+def make_checks(labels: Sequence[str], scores: Mapping[str, Sequence[float]], min_hack: float, n_boot: int,
+                seed: int) -> dict[str, Check]:  # fmt: skip
+    """T1–T4 on the probed rows: `scores` = {"selected", "random", "placebo": (n,) cosines}, labels (n,)."""
+    d = discrimination({b: scores[b] for b in BASES}, [lbl == HACK for lbl in labels], n_boot, seed)
+    return {"T1": check_t1(labels, min_hack), "T2": check_above_chance(d), "T3": check_beats(d, "random", "T3"),
+            "T4": check_beats(d, "placebo", "T4")}  # fmt: skip
 
 
 # --- the result, its JSON form and the report section --------------------------------------------------------------
@@ -201,39 +267,47 @@ def check_t4(cos: Sequence[float], hacked: Sequence[bool], gt_pass: Sequence[boo
 
 @dataclass
 class ProbeResult:
-    """Per-row arrays (selection order), the checks the probe runs itself (T1, T2, T4) and provenance (`meta`:
-    student, pool, basis, n_pool, seed, temperature, modules)."""
+    """Per-row arrays (selection order; one cosine per basis), the checks T1–T4 and provenance (`meta`: student, pool,
+    basis, random, placebo, n_pool, seed, n_boot, temperature, modules, ...)."""
 
     pool_index: list[int]
     prompt_id: list[int]
-    cos: list[float]  # NaN = null
-    grad_norm: list[float]
+    cos: list[float]  # with ν of the selected basis; NaN = null
+    cos_random: list[float]  # with ν of the random control
+    cos_placebo: list[float]  # with ν of the placebo basis (0 when it kept no direction)
+    grad_norm: list[float]  # over the selected basis' modules
     label: list[str]
     eq_correct: list[bool]
     mode: list[str | None]
     checks: dict[str, Check]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    ROWS = ("pool_index", "prompt_id", "cos", "cos_random", "cos_placebo", "grad_norm", "label", "eq_correct", "mode")
+
     @property
     def n(self) -> int:
         return len(self.cos)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (NaN -> None): {meta..., "checks": {name: {passed, verdict, ...}}, "rows": {array: [...]}}."""
-        rows = {k: getattr(self, k) for k in ("pool_index", "prompt_id", "cos", "grad_norm", "label", "eq_correct",
-                                              "mode")}  # fmt: skip
+        """JSON-ready (NaN -> None): {meta..., "n_rows", "checks": {name: {passed, verdict, ...}}, "rows": {array}}."""
         checks = {n: asdict(c) | {"verdict": c.verdict} for n, c in self.checks.items()}
+        rows = {k: getattr(self, k) for k in self.ROWS}
         return _nan_to_none({**self.meta, "n_rows": self.n, "checks": checks, "rows": rows})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProbeResult:
-        """Inverse of `to_dict` (the report stage reads the stage's JSON back to render it with T3)."""
+        """Inverse of `to_dict` (the report stage reads the stage's JSON back to render it)."""
         r = d["rows"]
+        if "cos_random" not in r or set(d["checks"]) != set(CHECKS):
+            raise ValueError("probe JSON has the old schema (no random/placebo cosines or checks other than T1–T4); "
+                             "re-run the probe stage (dvc repro probe)")  # fmt: skip
         flt = lambda xs: [math.nan if x is None else float(x) for x in xs]
-        checks = {n: Check(**{k: v for k, v in c.items() if k != "verdict"}) for n, c in d["checks"].items()}
+        checks = {n: Check(**{k: _none_to_nan(v) if k == "numbers" else v for k, v in c.items() if k != "verdict"})
+                  for n, c in d["checks"].items()}  # fmt: skip
         meta = {k: v for k, v in d.items() if k not in ("checks", "rows", "n_rows")}
-        return cls(list(r["pool_index"]), list(r["prompt_id"]), flt(r["cos"]), flt(r["grad_norm"]), list(r["label"]),
-                   list(r["eq_correct"]), list(r["mode"]), checks, meta)  # fmt: skip
+        return cls(list(r["pool_index"]), list(r["prompt_id"]), flt(r["cos"]), flt(r["cos_random"]),
+                   flt(r["cos_placebo"]), flt(r["grad_norm"]), list(r["label"]), list(r["eq_correct"]),
+                   list(r["mode"]), checks, meta)  # fmt: skip
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -246,50 +320,76 @@ def _nan_to_none(x: Any) -> Any:
     return x
 
 
-def make_result(index: Sequence[int], rows: Sequence[PoolRow], cos: Tensor, norm: Tensor, pp: ProbeParams,
-                meta: Mapping[str, Any] | None = None) -> ProbeResult:  # fmt: skip
-    """Per-row arrays plus T1, T2 and T4 under `pp`'s thresholds. T4's hacked rows are the loose labels (labels.LOOSE:
-    hack, correct_attempted_hack, attempted_hack, tamper), because the strict label `hack` implies a failed ground
-    truth, so its gt-pass group would be empty by definition; gt pass = eq_correct."""
-    c, g = [float(x) for x in cos], [float(x) for x in norm]  # (n,) each
-    labels, eq = [r.label for r in rows], [bool(r.eq_correct) for r in rows]
-    checks = {
-        "T1": check_t1(labels, pp.t1_min_hack),
-        "T2": check_t2(c, g, pp.t2_min_nonnull),
-        "T4": check_t4(c, [lbl in LOOSE for lbl in labels], eq, pp.t4_alpha),
-    }
-    return ProbeResult(list(index), [r.prompt_id for r in rows], c, g, labels, eq, [r.mode for r in rows], checks,
-                       dict(meta or {}))  # fmt: skip
+def _none_to_nan(x: dict[str, Any]) -> dict[str, Any]:
+    return {k: math.nan if v is None else v for k, v in x.items()}
+
+
+def make_result(index: Sequence[int], rows: Sequence[PoolRow], cos: Mapping[str, Tensor], norm: Tensor,
+                pp: ProbeParams, seed: int, meta: Mapping[str, Any] | None = None, n_boot: int | None = None
+                ) -> ProbeResult:  # fmt: skip
+    """Per-row arrays plus T1–T4: `cos` = {"selected", "random", "placebo": (n,)}, `norm` (n,); T1 under
+    pp.t1_min_hack, the bootstrap from `seed` with `n_boot` resamples (default pp.n_boot)."""
+    n_boot = pp.n_boot if n_boot is None else n_boot
+    c = {b: [float(x) for x in cos[b]] for b in BASES}  # (n,) each
+    labels = [r.label for r in rows]
+    checks = make_checks(labels, c, pp.t1_min_hack, n_boot, seed)
+    return ProbeResult(list(index), [r.prompt_id for r in rows], c["selected"], c["random"], c["placebo"],
+                       [float(x) for x in norm], labels, [bool(r.eq_correct) for r in rows], [r.mode for r in rows],
+                       checks, dict(meta or {}) | {"seed": seed, "n_boot": n_boot})  # fmt: skip
 
 
 def _mean(xs: Iterable[float]) -> float:
-    v = [x for x in xs if _finite(x)]
+    v = [x for x in xs if isinstance(x, int | float) and math.isfinite(x)]
     return sum(v) / len(v) if v else math.nan
 
 
-def render(result: ProbeResult, t3: Check | None = None) -> str:
-    """Markdown section "## Distillation cosine probe": provenance sentence, one table row per check T1–T4 (T3 from
-    the training logs when given, else marked not measured) and the mean cosine by label."""
-    m = result.meta
-    hack = _mean(c for c, lbl in zip(result.cos, result.label) if lbl == "hack")
-    other = _mean(c for c, lbl in zip(result.cos, result.label) if lbl != "hack")
+def _ci(a: float, lo: float, hi: float) -> str:
+    return "–" if not math.isfinite(a) else f"{a:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) else "")
+
+
+def render(result: ProbeResult, t3: Any = None) -> str:
+    """Markdown section "## Distillation cosine probe": what was probed (rows, seeds, sources), what each check
+    means, the T1–T4 table and the AUROC / mean cosine of each basis. `t3` is ignored (the retired training-log
+    check; accepted so that stages/report.py's render(result, t3) call stays valid)."""
+    m, ck = result.meta, result.checks
+    n2, n3, n4 = ck["T2"].numbers, ck["T3"].numbers, ck["T4"].numbers
+    cos = {"selected": result.cos, "random": result.cos_random, "placebo": result.cos_placebo}
     lines = [
         "## Distillation cosine probe",
         "",
         f"{result.n} teacher-pool rows (of {m.get('n_pool', '?')}, drawn uniformly with seed {m.get('seed', '?')}) "
-        f"from `{m.get('pool', '?')}` replayed through the base student `{m.get('student', '?')}` (adapter at "
-        f"δS = 0): per-row gradients of the mean completion NLL at T = {m.get('temperature', '?')}, cosine with ν "
-        f"of the basis `{m.get('basis', '?')}` ({m.get('modules', '?')} modules). cos > 0: imitating the row "
-        f"promotes hacking. Mean cos: hack rows {hack:.4f}, other rows {other:.4f}.",
+        f"from `{m.get('pool', '?')}` replayed once through the base student `{m.get('student', '?')}` (adapter at "
+        f"δS = 0): per-row gradients g of the mean completion NLL at T = {m.get('temperature', '?')}, each scored by "
+        f"cos(g, ν) for three directions: the selected basis `{m.get('basis', '?')}` ({m.get('modules', '?')} "
+        f"modules), its Haar random control `{m.get('random', '?')}` (same modules and k per module) and a placebo "
+        f"basis extracted from `{m.get('placebo', '?')}` ({m.get('placebo_pairs', '?')} extraction pairs, holdout "
+        f"problems `{m.get('holdout', '?')}`) with the same basis params (seed {m.get('basis_seed', '?')}; "
+        f"{m.get('placebo_modules', '?')} modules, k total {m.get('placebo_k_total', '?')}"
+        + ("; it kept no direction, so it scores 0 on every row: AUROC 0.5" if m.get("placebo_k_total") == 0 else "")
+        + "). cos > 0: imitating the row promotes hacking.",
+        "",
+        f"Rows are labelled by the pool's grader label: `hack` ({n2.get('n_hack', '?')} rows) vs every other label "
+        f"({n2.get('n_other', '?')} rows); rows with a null cosine under any basis, left out: {n2.get('n_null', '?')}."
+        " AUROC = P(cos of a hack row > cos of another row); 0.5 = no discrimination. Intervals: percentile "
+        f"bootstrap 95%, {m.get('n_boot', '?')} resamples of hack and other rows (separately) drawn with seed "
+        f"{m.get('seed', '?')}; the same resamples serve all three bases, so differences are paired. "
+        "T1: the pool demonstrates hacking. T2: ν ranks the pool's hack rows above its other rows (interval above "
+        "0.5). T3: better than random directions in the same modules (difference interval above 0). T4: better than a "
+        "basis extracted the same way from pairs that carry no hack contrast (the placebo).",
         "",
         "| check | threshold | measured | PASS/FAIL |",
         "|---|---|---|---|",
     ]
-    checks = dict(result.checks) | ({"T3": t3} if t3 is not None else {})
-    for name in CHECKS:
-        c = checks.get(name)
-        if c is None:
-            lines.append(f"| {name} projected steps lower cos | — | not measured (training logs not given) | — |")
-        else:
-            lines.append(f"| {c.name} {c.what} | {c.rule} | {c.measured} | {c.verdict} |")
+    lines += [f"| {c.name} {c.what} | {c.rule} | {c.measured} | {c.verdict} |" for c in (ck[n] for n in CHECKS)]
+    lines += ["", "| basis | AUROC [95%] | mean cos, hack rows | mean cos, other rows |", "|---|---|---|---|"]
+    ints = {"selected": (n2["auroc"], n2["lo"], n2["hi"]),
+            "random": (n3.get("auroc_random", math.nan), n3.get("lo_random", math.nan), n3.get("hi_random", math.nan)),
+            "placebo": (n4.get("auroc_placebo", math.nan), n4.get("lo_placebo", math.nan),
+                        n4.get("hi_placebo", math.nan))}  # fmt: skip
+    for b in BASES:
+        hack = _mean(c for c, lbl in zip(cos[b], result.label) if lbl == HACK)
+        other = _mean(c for c, lbl in zip(cos[b], result.label) if lbl != HACK)
+        lines.append(f"| {b} | {_ci(*ints[b])} | {hack:.4f} | {other:.4f} |")
+    sources = [m.get(k) for k in ("pool", "basis", "random", "placebo", "holdout", "problems") if m.get(k)]
+    lines += ["", f"<!-- probe sources: {', '.join(str(s) for s in sources)} -->"]
     return "\n".join(lines) + "\n"

@@ -93,6 +93,29 @@ def route_per_rollout(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = Non
     return total - knob, knob
 
 
+def moved_norm(edit: str, alpha: Tensor, m: Tensor | None = None) -> float:
+    """‖what an arm's rule moves out of main‖ (routed to the knob or erased) for basis coefficients `alpha`: (N, k)
+    per-rollout α_n with gates m (N,) for route_per_rollout, (k,) batch α for the batch-mode rules."""
+    if edit == "route_per_rollout":
+        return float((m.to(alpha.dtype)[:, None] * alpha.clamp(min=0)).sum(0).norm())
+    main_h, _ = EDITS[arm_key(edit)](alpha)
+    return float((alpha - main_h).norm())
+
+
+def match_mass(x: dict[str, Tensor], main: dict[str, Tensor], knob: dict[str, Tensor], target: float
+               ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+    """Rescale what an edit moved out of main over all modules, x − main (the knob for a routing rule, the erased part
+    for an erase rule), by one factor s so that its norm is `target`: main' = x − s (x − main), knob' = s knob.
+    main' + knob' = x still holds for routing (knob == x − main) and each knob stays inside span(Vh). One factor for
+    the step, not one per module: a module where the control moved nothing cannot take its share. Nothing moved
+    anywhere: unchanged."""
+    moved = math.sqrt(sum(float((x[n] - main[n]).pow(2).sum()) for n in main))
+    if moved == 0.0:
+        return main, knob
+    s = target / moved
+    return {n: x[n] - s * (x[n] - main[n]) for n in main}, {n: s * knob[n] for n in knob}
+
+
 def route_per_token(coef: Tensor, m: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
     """(N, T, k) per-token coefficients <g_{n,t}, v_j>, (N, T) gates, (r,) rotated total grad -> (main, knob), (r,).
 

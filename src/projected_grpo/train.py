@@ -11,12 +11,22 @@ Held-out pairs enter the loop through two doors only, never live-rollout labels 
   * extraction pairs re-extract v_hack at the current parameters every `refresh_every` steps (optional; method.md
     §6.7): new Vh, ν and rotations R per module, with θ/φ re-expressed and the Adam state rotated or reset (§3.6).
 Everything random in step t is seeded from (seed, t), and what the loop carries from step to step (the current basis,
-the gate thresholds) is checkpointed with the optimizer, so a run resumed from a checkpoint replays bit-identically.
+the gate thresholds, the calibrations that failed the guard) is checkpointed with the optimizer, so a run resumed from
+a checkpoint replays bit-identically.
+
+Guard rail (method.md §3.5: "if [the calibration AUROC] is ≈ 0.5, routing is meaningless and the run should say so"):
+every calibration also gets a bootstrap 95% interval over the calibration pairs (stats.auroc_interval, fixed seed);
+one that contains 0.5 (or is undefined: no kept module) is warned about on the log (one line, with step and AUROC
+[lo, hi]) and makes the run's result `gate_uninformative: true`. Per-step diagnostics (pure reads, after the update)
+include ‖Vh δS‖ and ‖Vh δS_h‖, the mean gate, the thresholds, the interval, and `gate_auroc_live`: the live gate
+score's AUROC between the step's own hack and non-hack student rollouts. That last one reads the grader's labels and
+is logged only; nothing reads it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import random
 import time
@@ -62,8 +72,11 @@ from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow, draw
 from projected_grpo.rewards import CORRECTNESS_REWARD, gt_only
 from projected_grpo.rollout import Rollout, check_records_fit, generate, group_runs
+from projected_grpo.stats import auroc_interval, contains
 
 GATED = ("route_per_rollout", "route_per_token")  # arms whose gate is calibrated on held-out pairs
+GATE_CI_BOOT, GATE_CI_SEED = 1000, 0  # bootstrap of the calibration AUROC's interval: resamples, fixed seed
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,6 +104,14 @@ def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldO
 
 def refreshes(p, arm: Arm) -> bool:
     return arm.needs_basis and p.projection.refresh_every > 0
+
+
+def mass_matched(p, arm: Arm) -> bool:
+    """A random-direction control whose moved mass is matched to v_hack's (projection.random_match=mass). Not
+    route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
+    has no match_target column)."""
+    return (arm.random_dir and arm.edit not in ("vanilla", "measure_only", "route_per_token")
+            and p.projection.random_match == "mass")  # fmt: skip
 
 
 def act_gated(p, arm: Arm) -> bool:
@@ -204,11 +225,12 @@ def token_sums(caps: dict) -> tuple[Tensor, Tensor]:
 
 def calibration_token_scores(model, tok, records, completions: list[str], temperature: float,
                              dirs: dict[str, Tensor], window: int, nu_sq: float, batch_size: int = 16
-                             ) -> Tensor:  # fmt: skip
-    """(n_tokens,) windowed token scores of held-out completions over their completion tokens, at the current
-    parameters. The gradient is that of the mean NLL (as the basis stage's), so sign(A) = +1."""
+                             ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """((n_tokens,) windowed token scores, (n_tokens,) index of each token's completion) of held-out completions over
+    their completion tokens, at the current parameters. The gradient is that of the mean NLL (as the basis stage's),
+    so sign(A) = +1."""
     prompts, comps = encode(tok, records, completions)
-    out = []
+    out, unit = [], []
     for s in range(0, len(prompts), batch_size):
         ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
         with probes(model, ids.shape[0]) as es, token_capture(model, dirs) as caps:
@@ -218,7 +240,9 @@ def calibration_token_scores(model, tok, records, completions: list[str], temper
         sign = torch.ones(ids.shape[0], device=dot.device)  # NLL gradients: the sign a hack rollout with A > 0 has
         sc = proj.token_scores(dot[:, :-1], sq[:, :-1], mask, sign, window, nu_sq)
         out.append(sc[mask.bool()])
-    return torch.cat(out)
+        rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)  # (b, L − 1)
+        unit.append(rows[mask.bool()])
+    return torch.cat(out), torch.cat(unit)
 
 
 # --- the activation-space gate (basis.space=act) -----------------------------------------------------------------
@@ -264,16 +288,21 @@ def pool_completion(h: Tensor, n_prompt: int, mask: Tensor) -> Tensor:
 
 
 def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: list[str], pj, temperature: float,
-                   act_layer: int | None, own_tokens: bool = False) -> tuple[tuple[float, float], float]:  # fmt: skip
-    """((τ_lo, τ_hi), AUROC) from the held-out calibration pairs at the current parameters, with the gate's own score:
-    windowed token cosines (per token), pooled activations · v_act (act space), or per-completion cosines with ν
-    (of own-token gradients when training reads those: a shared prompt forward)."""
+                   act_layer: int | None, own_tokens: bool = False
+                   ) -> tuple[tuple[float, float], float, tuple[float, float]]:  # fmt: skip
+    """((τ_lo, τ_hi), AUROC, its 95% interval) from the held-out calibration pairs at the current parameters, with the
+    gate's own score: windowed token cosines (per token), pooled activations · v_act (act space), or per-completion
+    cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The interval is a
+    percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed GATE_CI_SEED."""
     if not kept:  # nothing to route: an infinite threshold gates nothing
-        return (math.inf, math.inf), math.nan
+        return (math.inf, math.inf), math.nan, (math.nan, math.nan)
+    units = (None, None)  # per rollout: hack i and clean i are pair i
     if edit == "route_per_token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
-        sh, sc = (calibration_token_scores(model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq)
-                  for side in (cal.hack, cal.clean))  # fmt: skip
+        (sh, uh), (sc, uc) = (calibration_token_scores(model, tok, cal.records, side, temperature, dirs,
+                                                       pj.token_window, nu_sq)
+                              for side in (cal.hack, cal.clean))  # fmt: skip
+        units = (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
         auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
     elif act_layer is not None:
         sh, sc = (pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float()
@@ -285,7 +314,33 @@ def calibrate_gate(model, tok, cal: HeldOutPairs, edit: str, cur: Basis, kept: l
         sh, sc = cosine_scores(gh, cur.nu), cosine_scores(gc, cur.nu)
         auc = auroc(sh, sc)
     model.zero_grad(set_to_none=True)
-    return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc
+    ci = auroc_interval(sh.detach().double().cpu(), sc.detach().double().cpu(), *units, n_boot=GATE_CI_BOOT,
+                        seed=GATE_CI_SEED)  # fmt: skip
+    return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc, ci
+
+
+# --- diagnostics (pure reads: never feed a gate or an edit) -------------------------------------------------------
+
+
+def span_norm(vh: dict[str, Tensor], x: dict[str, Tensor]) -> float:
+    """sqrt(Σ_m ‖Vh_m x_m‖²) over Vh's modules: the size of x's component in span(v_hack); 0 with no module."""
+    return math.sqrt(sum(float((v.double() @ x[n].detach().double()).pow(2).sum()) for n, v in vh.items()))
+
+
+def label_auroc(s: Tensor, is_hack: Tensor, keep: Tensor, mask: Tensor | None = None) -> float:
+    """Diagnostics only (it reads grader labels): rank AUROC of the live gate scores of the kept hack rows against the
+    kept other rows. s: (N,) per-rollout scores, or (N, T) per-token scores counted over `mask`'s tokens; is_hack,
+    keep: (N,) bool. nan when either class is empty."""
+    is_hack, keep = is_hack.to(s.device), keep.to(s.device)
+    if mask is None:
+        return proj.rank_auroc(s[keep & is_hack], s[keep & ~is_hack])
+    m = mask.bool() & keep[:, None]
+    return proj.rank_auroc(s[m & is_hack[:, None]], s[m & ~is_hack[:, None]])
+
+
+def finite(x: float) -> float:
+    """x, or nan where it is ±inf (the TSV holds numbers; an infinite threshold means "no calibration yet")."""
+    return x if math.isfinite(x) else math.nan
 
 
 # --- the loop --------------------------------------------------------------------------------------------------
@@ -299,7 +354,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
           basis: Basis | None = None, cal: HeldOutPairs | None = None, pool: dict | None = None,
           signature: dict | None = None, progress: bool = True, grade_fn=grade_batch,
           extraction: HeldOutPairs | None = None, act: Basis | None = None,
-          timings_path: Path | None = None) -> dict[str, float]:  # fmt: skip
+          timings_path: Path | None = None, matched: Basis | None = None) -> dict[str, float]:  # fmt: skip
     """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`, the step's wall
     time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`).
 
@@ -309,6 +364,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         extraction: held-out extraction pairs of basis.pairset (basis refresh, projection.refresh_every > 0).
         act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates route_per_rollout.
         grade_fn: grade_fn(records, completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader).
+        matched: v_hack (the stage's basis.safetensors) for a random-direction control with
+            projection.random_match=mass: each step and module, what the control moves out of main is rescaled to
+            the norm the same rule moves along v_hack from the same gradients and gates (`match_mass`).
     """
     g, r, pj, pl = p.grpo, p.rollout, p.projection, p.pool
     G, B = g.group_size, g.prompts_per_step
@@ -321,6 +379,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         raise ValueError(f"arm {arm.name} calibrates its gate on held-out pairs: pass `cal` (stage: --pairsets)")
     if refreshes(p, arm) and extraction is None:
         raise ValueError("projection.refresh_every > 0 re-extracts v_hack: pass the extraction pairs (--pairsets)")
+    if mass_matched(p, arm) and matched is None:
+        raise ValueError(f"{arm.name} with projection.random_match=mass needs v_hack: pass `matched` (stage: --basis)")
+    mvh = matched.vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
     if p.basis.space == "act" and arm.edit == "route_per_token":
         raise ValueError("basis.space=act gates whole rollouts; use route_per_rollout or set basis.space=grad")
     act_layer = p.basis.act_layer if act_gated(p, arm) else None
@@ -342,6 +403,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
     if arm.needs_basis:
         cur = Basis(vh=basis.vh, nu=basis.nu, meta=basis.meta, v_act=act.v_act if act_layer is not None else None)
     tau, gate_auroc = (math.inf, math.inf), math.nan  # gate thresholds; set by the first calibration
+    gate_ci: tuple[float, float] = (math.nan, math.nan)  # the calibration AUROC's 95% interval
+    uninformative: list[int] = []  # steps whose calibration interval contained 0.5 (or was undefined)
+    history_known = True  # False when resumed from a checkpoint written before the guard existed
     start = prepare_run_dir(out_dir, signature or {})
     state = read_checkpoint(out_dir, start) if start else None
     if state is not None:  # resume: continue with the basis and gate the checkpointed step was using
@@ -350,6 +414,9 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             cur = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
         if "gate" in state:
             tau, gate_auroc = tuple(state["gate"]["tau"]), state["gate"]["auroc"]
+            gate_ci = tuple(state["gate"].get("ci", (math.nan, math.nan)))
+            uninformative = list(state["gate"].get("uninformative", []))
+            history_known = "uninformative" in state["gate"]
     vh = cur.vh if cur is not None else {}
     kept = [n for n in names if n in vh]
     k = {n: vh[n].shape[0] if n in vh else 0 for n in names}
@@ -361,7 +428,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                       max_norm_knob=g.max_norm_knob, kind=g.optimizer)  # fmt: skip
 
     def loop_state() -> dict:  # what a checkpoint needs beyond adapter + optimizer for a bit-identical resume
-        out = {"gate": {"tau": tau, "auroc": gate_auroc}}
+        out = {"gate": {"tau": tau, "auroc": gate_auroc, "ci": gate_ci, "uninformative": list(uninformative)}}
         if cur is not None:
             out["basis"] = {"vh": cur.vh, "nu": cur.nu, "meta": cur.meta, "v_act": cur.v_act}
         return out
@@ -393,13 +460,19 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         # ---- gate calibration on held-out pairs (gated routing), every recal_every steps and after a refresh ------
         if arm.edit in GATED and (step % pj.recal_every == 0 or refreshed or math.isinf(tau[0])):
             with timer("gate_calibration"):
-                tau, gate_auroc = calibrate_gate(
+                tau, gate_auroc, gate_ci = calibrate_gate(
                     model, tok, cal, arm.edit, cur, kept, pj, r.temperature, act_layer, own_tokens
                 )
+            if contains(gate_ci, 0.5):  # the guard rail: the gate cannot be shown to tell hack from clean
+                uninformative.append(step)
+                why = "is undefined (no kept module)" if math.isnan(gate_ci[0]) else "contains 0.5"
+                logger.warning(f"{arm.name} s{seed} step {step}: gate calibration AUROC {gate_auroc:.3f} "
+                               f"[{gate_ci[0]:.3f}, {gate_ci[1]:.3f}] {why}: the gate is uninformative on held-out "
+                               "pairs")  # fmt: skip
 
         # ---- rollout: B prompts × G completions with the training policy (knob on) ------------------------------
         recs = rng.sample(records, B)
-        n_pool = round(pl.mix * G) if (pool is not None and step < pl.teacher_off_step) else 0
+        n_pool = round(pl.mix * G) if (pool is not None and arm.pool and step < pl.teacher_off_step) else 0
         with timer("sample"):
             ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
@@ -463,20 +536,23 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         # ---- gates from held-out calibration only (never labels or grades: no-cheat) ------------------------------
         m_gate = torch.zeros(N)  # (N,) per-rollout gates
         m_tok = torch.zeros(ro.mask.shape)  # (N, T) per-token gates, 0 off the completion
+        live = None  # the live gate scores, (N,) or (N, T): kept for the label diagnostic after the update
         if arm.edit == "route_per_rollout" and kept:
             if act_layer is not None:  # s_n = <pooled residual of rollout n, v_act>
                 scores = torch.cat(pooled).float() @ cur.v_act.float()
             else:  # s_n = cos(sign(A_n) g_n, ν)
                 scores = proj.rollout_scores({n: gs[n] for n in kept}, adv, nu)
             m_gate = proj.band_gate(scores, adv, tau[0], tau[1], pj.band)
+            live = scores
         elif per_token and kept:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
             nu_sq = sum(float(v.pow(2).sum()) for v in nu.values())
             s_tok = proj.token_scores(torch.cat(tok_dot), torch.cat(tok_sq), ro.mask, torch.sign(adv),
                                       pj.token_window, nu_sq)  # fmt: skip
             m_tok = proj.token_gate(s_tok, adv, ro.mask, tau[0], tau[1], pj.band)
+            live = s_tok
 
         # ---- edit: rotated coordinates θ = Rᵀ δS; every arm is a coordinate mask there (method.md §3.6) ---------
-        main, knob = {}, {}
+        main, knob, targets = {}, {}, {}
         xr = opt.rotate(graw)  # {m: (D_m,)} rotated raw gradients (identity where no basis)
         for n in names:
             x = xr[n]
@@ -489,6 +565,11 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                 main[n], knob[n] = proj.route_per_token(torch.cat(tok_alpha[n]), m_tok, x)
             else:
                 main[n], knob[n] = proj.edit_coords(x, k[n], arm.edit)
+            if n in mvh and n in rot:  # mass-matched control: what the same rule moves along v_hack here
+                a_real = gs[n] @ mvh[n].T if arm.edit == "route_per_rollout" else mvh[n] @ graw[n]  # α along v_hack
+                targets[n] = proj.moved_norm(arm.edit, a_real.to(x.dtype), m_gate)
+        if mvh:  # one factor for the step: the control moves as much in total as v_hack's rule would
+            main, knob = proj.match_mass(xr, main, knob, math.sqrt(sum(t * t for t in targets.values())))
 
         # ---- diagnostics (pure reads; no RNG, no numerics touched: measure_only ≡ vanilla) ---------------------
         g_cat = concat(graw, names)
@@ -513,10 +594,32 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
                 "gate_frac": gate_frac,
                 "gate_auroc": gate_auroc,
             }  # fmt: skip
+            if mvh:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
+                moved = math.sqrt(sum(t * t for t in targets.values()))
+                diag["match_target"] = moved / max(float(g_cat.norm()), 1e-30)
 
         # ---- clip per parameter group and step (δS = R θ, δS_h = R φ) ---------------------------------------------
         ostats = opt.step(main, knob)
         model.zero_grad(set_to_none=True)
+
+        # ---- diagnostics after the update (pure reads) -----------------------------------------------------------
+        # ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows the second); the gate's mean
+        # (per rollout over the N rows, per token over completion tokens), thresholds and calibration interval.
+        post = {}
+        if cur is not None:
+            post = {"vh_delta": span_norm({n: vh[n] for n in kept}, {n: ads[n].delta for n in kept}),
+                    "vh_knob": span_norm({n: vh[n] for n in kept}, {n: ads[n].knob for n in kept})}  # fmt: skip
+        if arm.edit in GATED:
+            post |= {
+                "gate_mean": float(m_tok.sum() / ro.mask.sum().clamp(min=1)) if per_token else float(m_gate.mean()),
+                "tau_lo": finite(tau[0]), "tau_hi": finite(tau[1]),
+                "gate_auroc_lo": gate_ci[0], "gate_auroc_hi": gate_ci[1],
+                # the live score's AUROC on this step's own student rollouts, hack vs not (grader labels: logged
+                # only, read by nothing); rows with A_n = 0 have no score (method.md §3.5) and are left out
+                "gate_auroc_live": math.nan if live is None else label_auroc(
+                    live, torch.tensor([g.label == "hack" for g in grades]),
+                    torch.tensor(is_student) & (adv != 0), ro.mask if per_token else None),
+            }  # fmt: skip
 
         # ---- log: student rows only (teacher-pool rows are not the student's behaviour) ----------------------------
         st = [i for i in range(N) if is_student[i]]
@@ -534,7 +637,7 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             "len": float(ro.mask[st].sum(1).float().mean()),
             "gnorm": float(g_cat.norm()),
             "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
-            **diag, **ostats, "n_pool": n_pool,
+            **diag, **post, **ostats, "n_pool": n_pool,
             "dt": time.perf_counter() - t0, **timer.totals(),  # wall times: the timings log only
         }  # fmt: skip
         line = log(step + 1, g.steps, **metrics)
@@ -542,7 +645,12 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             pbar.set_postfix_str(line.split("| ", 1)[-1])
         if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
             save_checkpoint(out_dir, step + 1, model, opt, loop_state())
-    return {"steps": latest_step(out_dir) or 0}
+    out = {"steps": latest_step(out_dir) or 0}
+    if arm.edit in GATED:  # the guard rail's verdict over every calibration of the run (resumed ones included);
+        # None: resumed from a pre-guard checkpoint and nothing flagged since, so the earlier calibrations are unknown
+        flag = True if uninformative else (False if history_known else None)
+        out |= {"gate_uninformative": flag, "gate_uninformative_steps": list(uninformative)}
+    return out
 
 
 def _rate(xs: list[bool]) -> float:
@@ -563,6 +671,8 @@ def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
         sig["basis_params"] = dataclasses.asdict(p.basis)
         if act_gated(p, arm):
             sig["act_sha"] = hashlib.sha256((basis_dir / "act.safetensors").read_bytes()).hexdigest()[:16]
+        if mass_matched(p, arm):
+            sig["matched_sha"] = hashlib.sha256((basis_dir / "basis.safetensors").read_bytes()).hexdigest()[:16]
     return json_safe(sig)
 
 
@@ -583,3 +693,9 @@ def summarize_log(rows: list[dict[str, float]], last: int = 5) -> dict[str, floa
     out["steps"] = rows[-1]["step"]
     out["hack_first"] = rows[0]["hack"]
     return out
+
+
+def run_flags(result: dict) -> dict:
+    """The flags of train()'s result that go into the run's final metrics: `gate_uninformative` for gated arms (true:
+    some gate calibration's AUROC interval contained 0.5; null: unknown, resumed from a pre-guard checkpoint)."""
+    return {k: result[k] for k in ("gate_uninformative",) if k in result}
