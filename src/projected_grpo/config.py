@@ -324,9 +324,10 @@ class ProjectionParams:
     refresh_moments: str = "reset"
     # route_per_token: completion tokens in the centred window that per-token scores are averaged over.
     token_window: int = 16
-    # Random-direction controls (`*_random`): mass = per step and module, what the control moves out of main (routed
-    # or erased) is rescaled to the norm the same rule moves along v_hack from the same gradients and gates; rank =
-    # only the same k per module. route_per_token_random is rank-matched either way (no per-token v_hack capture).
+    # Random-direction controls (`*_random`): mass = each step, what the control moves out of main (routed or erased)
+    # is rescaled (one factor over all modules) to the norm the same rule moves along v_hack from the same gradients
+    # and gates; rank = only the same k per module. route_per_token_random is rank-matched either way (no per-token
+    # v_hack capture).
     random_match: str = "mass"
 
     def __post_init__(self) -> None:

@@ -365,8 +365,8 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates route_per_rollout.
         grade_fn: grade_fn(records, completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader).
         matched: v_hack (the stage's basis.safetensors) for a random-direction control with
-            projection.random_match=mass: each step and module, what the control moves out of main is rescaled to
-            the norm the same rule moves along v_hack from the same gradients and gates (`match_mass`).
+            projection.random_match=mass: each step, what the control moves out of main is rescaled (one factor over
+            all modules) to the norm the same rule moves along v_hack from the same gradients and gates.
     """
     g, r, pj, pl = p.grpo, p.rollout, p.projection, p.pool
     G, B = g.group_size, g.prompts_per_step
