@@ -18,6 +18,7 @@ from projected_grpo import atomic, knob_effect
 from projected_grpo import results as R
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
+from projected_grpo.figures import plot_dynamics, plot_endpoints
 from projected_grpo.probe import ProbeResult, render
 
 GUARD_HELP = (
@@ -65,8 +66,8 @@ def main(
     if missing:
         extra += [f"Not evaluated (left out of every table): {', '.join(missing)}.", ""]
     figs = [figures / "dynamics.png", figures / "endpoints.png"]
-    R.plot_dynamics(runs, list(p.arms_ref), list(p.arms), figs[0])
-    R.plot_endpoints(runs, list(p.arms_ref), list(p.arms), figs[1])
+    plot_dynamics(runs, list(p.arms_ref), list(p.arms), figs[0])
+    plot_endpoints(runs, list(p.arms_ref), list(p.arms), figs[1])
     line = (f"Seeds {list(p.seeds)}; eval: T={p.eval.temperature}, top_p={p.eval.top_p}, max {p.eval.max_new_tokens} "
             f"new tokens, {p.eval.n_samples} samples per prompt (curves: {p.eval.n_samples_curve}).")  # fmt: skip
     rel = [os.path.relpath(f, out.parent) for f in figs]

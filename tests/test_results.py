@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from projected_grpo import results as R
+from projected_grpo.figures import plot_dynamics, plot_endpoints
 from projected_grpo.modes import LOOPHOLE_MODES
 from tests.conftest import stage_cli
 
@@ -297,8 +298,8 @@ def test_eval_gap_note_and_metrics():
 
 def test_figures_are_written(tmp_path):
     runs = standard()
-    R.plot_dynamics(runs, ARMS_REF, ARMS, tmp_path / "d.png")
-    R.plot_endpoints(runs, ARMS_REF, ARMS, tmp_path / "e.png")
+    plot_dynamics(runs, ARMS_REF, ARMS, tmp_path / "d.png")
+    plot_endpoints(runs, ARMS_REF, ARMS, tmp_path / "e.png")
     for f in ("d.png", "e.png"):
         assert (tmp_path / f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

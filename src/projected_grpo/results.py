@@ -6,7 +6,7 @@ run, refused when seed sets differ; a single policy's rate (the base) carries a 
 Each table states n (prompts × samples) and seeds and ends with a provenance comment naming its sources; a warning
 line sits above any table with an arm that ran on an uninformative basis or gate. A table appears only when its runs
 exist; a quantity an old artifact did not record (per-group format, hack among format-valid) shows as "—". Whether
-an arm wins is decided by win_rule.py alone. Pure: dicts in, markdown/metrics out (figures in `plot_*`).
+an arm wins is decided by win_rule.py alone. Pure: dicts in, markdown/metrics out (figures: figures.py).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def _n_line(runs: Runs, metrics: list[str]) -> str:
             "completions (its n varies; format-valid = code extracted and compiling).")  # fmt: skip
 
 
-def _metrics_present(runs: Runs) -> list[str]:
+def metrics_present(runs: Runs) -> list[str]:
     surfs = set(runs.base["full"]["hack"])
     return [m for m, _ in METRICS if m in ("solve", "format") or m.partition("_")[2] in surfs]
 
@@ -248,14 +248,14 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
               f"| measure_only − vanilla | {seeds_txt(runs.seeds(W.MATCHED))} | " + " | ".join(d) + " |"]  # fmt: skip
     used = cands + [a for v in verdicts for a in (v.baseline, v.control) if a in arms]
     used += [W.MATCHED, REF] if W.MATCHED in arms and REF in arms else []
-    L += ["", _n_line(runs, _metrics_present(runs)), "", provenance(_srcs(runs, used) or ["none"])]
+    L += ["", _n_line(runs, metrics_present(runs)), "", provenance(_srcs(runs, used) or ["none"])]
     return [x for i, x in enumerate(L) if x or i == 0 or L[i - 1]]  # no doubled blank lines
 
 
 def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
     """The canonical endpoint table: base, vanilla, every arm (random control next to its arm), baselines; with
     paired deltas against vanilla (descriptive; the verdict's baseline is the matched one)."""
-    ms = _metrics_present(runs)
+    ms = metrics_present(runs)
     arms = runs.arms(order)
     if REF not in arms:
         return []
@@ -298,7 +298,7 @@ def ordered_arms(arms_ref: list[str], arms: list[str]) -> list[str]:
 
 def knob_table(runs: Runs, order: list[str]) -> list[str]:
     """Routed arms: knob on (as trained), knob off (deploy), adapter off (base); KL(deploy ‖ knob on)."""
-    ms = _metrics_present(runs)
+    ms = metrics_present(runs)
     routed = [a for a in runs.arms(order) if all("knob_on" in runs.deploy[(a, s)]["states"] for s in runs.seeds(a))]
     if not routed:
         return []
@@ -340,7 +340,7 @@ def family_tables(runs: Runs, order: list[str]) -> list[str]:
         if len(present) < 2 or REF not in arms:
             continue
         rows = [x for a in present for x in (a, f"{a}_random") if x in arms]
-        L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + _n_line(runs, _metrics_present(runs)), ""]
+        L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + _n_line(runs, metrics_present(runs)), ""]
         L += warnings(runs, rows)
         L += ["| arm | seeds | " + " | ".join(h for _, h in ms) + " |", "|" + "---|" * (len(ms) + 2)]
         for a in rows:
@@ -455,84 +455,16 @@ def metrics(runs: Runs, arms_ref: list[str], arms: list[str]) -> dict[str, float
     order = ordered_arms(arms_ref, arms)
     for a in runs.arms(order):
         for st in ("deploy", "knob_on"):
-            for m in _metrics_present(runs):
+            for m in metrics_present(runs):
                 s = summary_or_none(per_seed(runs, a, m, st))
                 if s is not None and all(st in runs.deploy[(a, x)]["states"] for x in runs.seeds(a)):
                     out[f"{a}/{st}_{m}"] = round(s.mean, 6)
         kls = [runs.deploy[(a, x)]["states"]["deploy"].get("kl_to_knob_on", {}).get("mean") for x in runs.seeds(a)]
         if kls and all(k is not None and k == k for k in kls):
             out[f"{a}/deploy_kl_to_knob_on"] = round(sum(kls) / len(kls), 6)
-    for m in _metrics_present(runs):
+    for m in metrics_present(runs):
         v = value(runs.base["full"], m)
         if v == v:
             out[f"base/{m}"] = round(v, 6)
     out["verdict/n_winners"] = sum(v.wins for v in verdicts_of(runs, runs.arms(order)))
     return out
-
-
-# --- figures ------------------------------------------------------------------------------------------------------
-
-
-def _panels(runs: Runs, height: float):
-    """(pyplot, figure, axes row, metrics): one panel per metric present (hack train, hack eval, solve)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ms = [m for m in ("hack_train", "hack_eval", "solve") if m in _metrics_present(runs)]
-    fig, axes = plt.subplots(1, len(ms), figsize=(5 * len(ms), height), squeeze=False)
-    return plt, fig, axes[0], ms
-
-
-def _save(plt, fig, axes, path: Path) -> None:
-    for ax in axes:
-        ax.set_ylim(0, 1)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _at(rows: list[dict], step: float, m: str) -> float:
-    return next((float(r.get(m, "nan")) for r in rows if r["step"] == step), float("nan"))
-
-
-def plot_dynamics(runs: Runs, arms_ref: list[str], arms: list[str], path: Path) -> None:
-    """Hack (train and eval surfaces) and solve vs optimizer updates on the monitor subset: mean over seeds, band =
-    min..max over seeds; routed arms' knob-on curves dashed."""
-    plt, fig, axes, ms = _panels(runs, 3.6)
-    for i, a in enumerate(runs.arms(ordered_arms(arms_ref, arms))):
-        color = f"C{i % 10}"
-        for st, ls in (("deploy", "-"), ("knob_on", "--")):
-            per = [[r for r in runs.curves.get((a, s), []) if r["state"] == st] for s in runs.seeds(a)]
-            per = [p for p in per if p]
-            if not per:
-                continue
-            steps = sorted({r["step"] for p in per for r in p})
-            for ax, m in zip(axes, ms):
-                ys = [[_at(p, x, m) for p in per] for x in steps]  # (steps, seeds)
-                ax.plot(steps, [sum(v) / len(v) for v in ys], ls, color=color,
-                        label=a + (" (knob on)" if st == "knob_on" else ""))  # fmt: skip
-                if len(per) > 1:
-                    ax.fill_between(steps, [min(v) for v in ys], [max(v) for v in ys], color=color, alpha=0.15)
-    for ax, m in zip(axes, ms):
-        ax.set_title(dict(METRICS)[m] + " — monitor subset")
-        ax.set_xlabel("optimizer updates")
-    _save(plt, fig, axes, path)
-
-
-def plot_endpoints(runs: Runs, arms_ref: list[str], arms: list[str], path: Path) -> None:
-    """Deploy hack and solve per arm at the final checkpoint: bars = mean over seeds, dots = seeds; base dashed."""
-    plt, fig, axes, ms = _panels(runs, 3.8)
-    arms_here = runs.arms(ordered_arms(arms_ref, arms))
-    for ax, m in zip(axes, ms):
-        for j, a in enumerate(arms_here):
-            vals = list(per_seed(runs, a, m).values())
-            ax.bar(j, sum(vals) / len(vals), color=f"C{j % 10}", alpha=0.7)
-            ax.scatter([j] * len(vals), vals, color="k", s=10, zorder=3)
-        ax.axhline(value(runs.base["full"], m), color="gray", ls="--", lw=1, label="base")
-        ax.set_xticks(range(len(arms_here)), arms_here, rotation=35, ha="right", fontsize=7)
-        ax.set_title(dict(METRICS)[m] + " — deploy, full test")
-    _save(plt, fig, axes, path)
