@@ -2,6 +2,7 @@
 
   python benchmarks/dag.py --label before --out reports/bench/dag.md        # scaled copy (default), ~1-1.5 h
   python benchmarks/dag.py --label before --scale default                   # the real defaults: hours
+  python benchmarks/dag.py --label after --work . --from-log logs/rerun.log # times of a real `repro -j 2` run here
 
 The pipeline (dvc.yaml, stages/, src/, data/, params.yaml) is copied to --work and reproduced there cold, one stage
 at a time in DVC's order (`dvc repro -s <stage>`, a fresh process each, as a user's `dvc repro` runs them), so each
@@ -110,17 +111,23 @@ def run_parallel(work: Path, times: Path, jobs: int) -> float:
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise SystemExit(f"error: the parallel run failed in {work}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-    start, rows = {}, []
-    for line in r.stdout.splitlines():  # "[    123 s] start  <stage>" / "done   <stage>"
-        if line.startswith("[") and "] " in line:
+    times.write_text("".join(f"{k}\t{v:.1f}\n" for k, v in stage_times(r.stdout.splitlines()).items()))
+    return wall
+
+
+def stage_times(lines: list[str]) -> dict[str, float]:
+    """{stage: seconds from its start to its done event} from projected_grpo.repro's output lines
+    ("[    123 s] start  <stage>" / "done   <stage>"); a stage started again (a resumed run) keeps its last span."""
+    start, out = {}, {}
+    for line in lines:
+        if line.startswith("[") and " s] " in line:
             sec, rest = line[1:].split(" s] ", 1)
             what, stage = rest.split()
             if what == "start":
                 start[stage] = float(sec)
-            elif what == "done":
-                rows.append(f"{stage}\t{float(sec) - start[stage]:.1f}\n")
-    times.write_text("".join(rows))
-    return wall
+            elif what == "done" and stage in start:
+                out[stage] = float(sec) - start[stage]
+    return out
 
 
 def simulate(durations: dict[str, float], deps: dict[str, set[str]], jobs: int) -> float:
@@ -230,10 +237,22 @@ def main(
     note: str = typer.Option("", help="Conditions of this run, printed under its column (e.g. other load)."),
     jobs: int = typer.Option(1, help="1: stage by stage (`dvc repro -s`); N > 1: the whole DAG through "
                              "`python -m projected_grpo.repro -j N`, its total wall time reported too."),
+    from_log: list[Path] = typer.Option(None, help="Read the stage times of a real default run instead of running "
+                                        "one: the output of `python -m projected_grpo.repro -j N` run in --work (the "
+                                        "repository itself); several logs when the run was resumed (a resumed train "
+                                        "stage counts only its last span: say so in --note). Implies scale default."),
 ) -> None:
     if scale not in ("scaled", "default"):
         raise typer.BadParameter("--scale must be scaled or default")
-    work = work / f"{label}-{scale}"
+    if from_log:  # the repository's own run: its logs/ and reports/ give the phases
+        scale = "default"
+        times = {}
+        for f in from_log:
+            times |= stage_times(f.read_text().splitlines())
+        (work / "times.tsv").write_text("".join(f"{k}\t{v:.1f}\n" for k, v in times.items()))
+        report_only = True
+    else:
+        work = work / f"{label}-{scale}"
     wall_file = work / "wall.txt"
     if not report_only:
         setup(work, scale, json.loads(extra))
