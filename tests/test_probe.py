@@ -10,6 +10,7 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -23,8 +24,6 @@ from projected_grpo.probe import (
     BASES,
     CHECKS,
     ProbeResult,
-    auroc_boot,
-    bootstrap_counts,
     check_above_chance,
     check_beats,
     check_t1,
@@ -220,26 +219,6 @@ def test_t1_hack_rate_threshold_inclusive():
     assert not check_t1([], 0.3).passed
 
 
-def test_bootstrap_counts_are_resamples():
-    w = bootstrap_counts(7, 50, torch.Generator().manual_seed(0))
-    assert w.shape == (50, 7) and (w.sum(1) == 7).all() and (w >= 0).all() and torch.equal(w, w.round())
-    assert (w != 1).any(), "not the identity resample"
-
-
-def test_auroc_boot_equals_auroc_of_the_resampled_scores():
-    g = torch.Generator().manual_seed(3)
-    pos, neg = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)
-    neg[0] = pos[1]  # a tie counts ½
-    ones = auroc_boot(pos, neg, torch.ones(1, 6, dtype=torch.float64), torch.ones(1, 5, dtype=torch.float64))
-    assert float(ones[0]) == pytest.approx(auroc(pos, neg), abs=1e-15)
-    ip, ineg = torch.randint(0, 6, (4, 6), generator=g), torch.randint(0, 5, (4, 5), generator=g)
-    wp = torch.stack([torch.bincount(i, minlength=6) for i in ip]).double()
-    wn = torch.stack([torch.bincount(i, minlength=5) for i in ineg]).double()
-    got = auroc_boot(pos, neg, wp, wn)
-    for b in range(4):
-        assert float(got[b]) == pytest.approx(auroc(pos[ip[b]], neg[ineg[b]]), abs=1e-15)
-
-
 def _synthetic(seed: int, n: int = 120, shift: float = 1.5, labels: str = "true") -> tuple[list[str], dict]:
     """n rows, half labelled hack; the selected basis' cosine is shifted up by `shift` on hack rows, the random and
     placebo cosines are noise. labels="random": labels drawn independently of every score."""
@@ -301,8 +280,8 @@ def test_intervals_are_deterministic_and_seeded():
     a = discrimination(s, [x == "hack" for x in labels], 300, 7)
     b = discrimination(s, [x == "hack" for x in labels], 300, 7)
     c = discrimination(s, [x == "hack" for x in labels], 300, 8)
-    assert all(torch.equal(a["boot"][k], b["boot"][k]) for k in BASES)
-    assert not torch.equal(a["boot"]["selected"], c["boot"]["selected"]) and a["auroc"] == c["auroc"]
+    assert all(np.array_equal(a["boot"][k], b["boot"][k]) for k in BASES)
+    assert not np.array_equal(a["boot"]["selected"], c["boot"]["selected"]) and a["auroc"] == c["auroc"]
     assert make_checks(labels, s, 0.3, 300, 7) == make_checks(labels, s, 0.3, 300, 7)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,6 +35,7 @@ from projected_grpo.config import BasisParams, ProbeParams
 from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
 from projected_grpo.pairs import Pair, pair_records, select_pairs
 from projected_grpo.pool import PoolRow
+from projected_grpo.stats import percentile_interval, unit_resamples, weighted_aurocs
 
 CHECKS = ("T1", "T2", "T3", "T4")
 BASES = ("selected", "random", "placebo")  # the three ν's scored on the same per-row gradients
@@ -139,28 +141,12 @@ def placebo_basis(model, tokenizer, pairs: Sequence[Pair], problems: Mapping[int
 # --- AUROC with paired bootstrap intervals -------------------------------------------------------------------------
 
 
-def bootstrap_counts(n: int, n_boot: int, gen: torch.Generator) -> Tensor:
-    """(n_boot, n) float64 multiplicities of a resample of n items with replacement (each row sums to n)."""
-    idx = torch.randint(0, n, (n_boot, n), generator=gen)
-    return torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(n_boot, n, dtype=torch.float64))
-
-
-def auroc_boot(pos: Tensor, neg: Tensor, w_pos: Tensor, w_neg: Tensor) -> Tensor:
-    """Mann–Whitney AUROC of every resample: (P,), (N,), (B, P), (B, N) multiplicities -> (B,).
-
-    AUROC of a resample = Σ_ij w_i w_j C_ij / (P N) with C_ij = 1[pos_i > neg_j] + ½ 1[pos_i = neg_j], which is
-    `basis.auroc` of the resampled scores, without materialising them."""
-    d = pos.double()[:, None] - neg.double()[None, :]  # (P, N)
-    c = (d > 0).double() + 0.5 * (d == 0).double()
-    return ((w_pos @ c) * w_neg).sum(-1) / (len(pos) * len(neg))
-
-
 def discrimination(scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool], n_boot: int, seed: int
                    ) -> dict[str, Any]:  # fmt: skip
     """AUROC of each basis' scores, hack rows (positive) vs the other rows, with paired bootstrap resamples.
 
     Rows with a null score under any basis are dropped (n_null), so every basis is scored on the same rows. Hack and
-    other rows are resampled separately (stratified, as `basis.auroc_ci`) from torch.Generator().manual_seed(seed),
+    other rows are resampled separately (stratified, as `basis.auroc_ci`) from numpy's default_rng(seed),
     and the same resamples serve every basis. Returns {"n_hack", "n_other", "n_null", "n_boot", "seed",
     "auroc": {basis: point}, "boot": {basis: (n_boot,) float64}}; "boot" is empty with fewer than 2 rows a class."""
     s = {b: torch.as_tensor([float(x) for x in v], dtype=torch.float64) for b, v in scores.items()}  # (n,) each
@@ -172,15 +158,10 @@ def discrimination(scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool
     out["auroc"] = {b: auroc(v[pos], v[neg]) for b, v in s.items()}
     if out["n_hack"] < 2 or out["n_other"] < 2:
         return out
-    gen = torch.Generator().manual_seed(seed)
-    w_pos, w_neg = bootstrap_counts(out["n_hack"], n_boot, gen), bootstrap_counts(out["n_other"], n_boot, gen)
-    out["boot"] = {b: auroc_boot(v[pos], v[neg], w_pos, w_neg) for b, v in s.items()}
+    rng = np.random.default_rng(seed)  # one stream: hack rows' resamples, then the other rows'
+    w_pos, w_neg = unit_resamples(out["n_hack"], n_boot, rng), unit_resamples(out["n_other"], n_boot, rng)
+    out["boot"] = {b: weighted_aurocs(v[pos].numpy(), v[neg].numpy(), w_pos, w_neg) for b, v in s.items()}
     return out
-
-
-def interval(boot: Tensor) -> tuple[float, float]:
-    """Percentile 95% interval of bootstrap values (linear interpolation, as `basis.auroc_ci`)."""
-    return float(boot.quantile(0.025)), float(boot.quantile(0.975))
 
 
 # --- checks -----------------------------------------------------------------------------------------------------
@@ -225,7 +206,7 @@ def check_above_chance(d: Mapping[str, Any], basis: str = "selected", name: str 
     nums = _counts(d) | {"auroc": d["auroc"][basis], "lo": math.nan, "hi": math.nan}
     if basis not in d["boot"]:
         return Check(name, what, rule, False, _too_few(d), nums, _too_few(d))
-    lo, hi = interval(d["boot"][basis])
+    lo, hi = percentile_interval(d["boot"][basis])
     nums |= {"lo": lo, "hi": hi}
     return Check(name, what, rule, lo > 0.5, f"{nums['auroc']:.3f} [{lo:.3f}, {hi:.3f}]", nums)
 
@@ -239,8 +220,8 @@ def check_beats(d: Mapping[str, Any], other: str, name: str, basis: str = "selec
                          f"lo_{other}": math.nan, f"hi_{other}": math.nan}  # fmt: skip
     if basis not in d["boot"]:
         return Check(name, what, rule, False, _too_few(d), nums, _too_few(d))
-    lo, hi = interval(d["boot"][basis] - d["boot"][other])
-    lo_o, hi_o = interval(d["boot"][other])
+    lo, hi = percentile_interval(d["boot"][basis] - d["boot"][other])
+    lo_o, hi_o = percentile_interval(d["boot"][other])
     nums |= {"lo": lo, "hi": hi, f"lo_{other}": lo_o, f"hi_{other}": hi_o}
     return Check(name, what, rule, lo > 0, f"{a - b:+.3f} [{lo:+.3f}, {hi:+.3f}] ({a:.3f} vs {b:.3f})", nums)
 

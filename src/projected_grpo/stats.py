@@ -153,8 +153,9 @@ def auroc(pos, neg) -> float:
     return float(weighted_aurocs(pos, neg, np.ones((1, len(pos))), np.ones((1, len(neg))))[0])
 
 
-def unit_resamples(n_units: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n_units) multiplicities of n_boot bootstrap resamples (n_units draws with replacement each)."""
+def unit_resamples(n_units: int, n_boot: int, seed: int | np.random.Generator) -> np.ndarray:
+    """(n_boot, n_units) multiplicities of n_boot bootstrap resamples (n_units draws with replacement each). `seed`
+    may be a numpy Generator, so that several resamplings (e.g. one per class) draw from one stream."""
     idx = np.random.default_rng(seed).integers(0, n_units, size=(n_boot, n_units))
     flat = (idx + n_units * np.arange(n_boot)[:, None]).reshape(-1)
     return np.bincount(flat, minlength=n_boot * n_units).reshape(n_boot, n_units)
