@@ -66,7 +66,7 @@ def run_one(params_file: Path, arm: str, seed: int, work: Path) -> tuple[list[di
            "--organism", str(ROOT / "artifacts/organism"), "--problems", str(ROOT / "artifacts/problems"),
            "--pool", str(ROOT / "artifacts/pool"), "--out", str(work / "ckpt"), "--log", str(work / "log.tsv"),
            "--metrics", str(work / "metrics.json"), "--params", str(params_file)]  # fmt: skip
-    if a.needs_basis:
+    if a.reads_basis:
         cmd += ["--basis", str(ROOT / "artifacts/basis"), "--pairsets", str(ROOT / "data/pairsets")]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     t = time.perf_counter()

@@ -70,6 +70,8 @@ from projected_grpo.adapter import adapters, attach_adapters
 from projected_grpo.arms import get_arm
 from projected_grpo.basis import build_basis, completion_grads
 from projected_grpo.config import load_params
+from projected_grpo.direction import RunBasis
+from projected_grpo.gate import HeldOutPairs
 from projected_grpo.log import read_tsv
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import MODES, apply_mode
@@ -79,11 +81,8 @@ from projected_grpo.rollout import eos_token_ids
 from projected_grpo.substrate import base_splits
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.tokenizer import SPECIAL_TOKENS as SPECIAL
-from projected_grpo.train import GATED
 
 ROOT = Path(__file__).resolve().parents[1]
-# the held-out pairs' container (named `Calibration` before the loop learned to refresh its basis)
-HeldOutPairs = getattr(train_mod, "HeldOutPairs", None) or train_mod.Calibration
 ARMS = ("vanilla", "erase_one_sided", "route_batch", "route_per_rollout")
 AA = "vanilla, again (A/A)"
 SHARED = "vanilla, share_prompt"  # grpo.share_prompt=true: each distinct prompt once in the loss forwards
@@ -411,8 +410,8 @@ def ours_job(p, world: dict, arm_name: str, workdir: Path, after_reward, ph: Pha
 
     def run() -> None:
         train_mod.train(p, arm, SEED, m, tok, world["records"], None, workdir / "ckpt", workdir / "log.tsv",
-                        basis=world["basis"] if arm.needs_basis else None,
-                        cal=world["cal"] if arm.edit in GATED else None, signature={"bench": arm_name},
+                        rb=RunBasis(basis=world["basis"] if arm.reads_basis else None,
+                                    cal=world["cal"] if arm.gate is not None else None), signature={"bench": arm_name},
                         progress=False, grade_fn=grade, timings_path=workdir / "timings.tsv")  # fmt: skip
 
     return run

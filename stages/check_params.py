@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from projected_grpo.arms import check_matrix
 from projected_grpo.cli import stage_app
 from projected_grpo.config import check_params
 
@@ -21,6 +22,7 @@ def main(
     params: Path = typer.Option(Path("params.yaml"), help="Params file to validate."),
 ) -> None:
     p = check_params(params)
+    check_matrix(p.arms_ref, p.arms)  # names from the arms' registry, each in its list
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(STAMP)
     typer.echo(f"check_params: {params} is valid ({len(p.arms_ref) + len(p.arms)} arms x {len(p.seeds)} seeds)")

@@ -55,7 +55,7 @@ def main(
     ids = set(json.loads((eval_sets / "monitor.json").read_text())["ids"])
     test = load_problems_parquet(problems / "test.parquet")
     mon, full = ev.select_records(test, ids, e.surfaces), ev.select_records(test, None, e.surfaces)
-    states = ("deploy", "knob_on") if a.routes else ("deploy",)
+    states = a.knob_states
     model, tok = ev.load_policy(p, organism)
     if a.routes and basis is None:
         raise typer.BadParameter("a routed arm needs --basis (the knob-effect policies)")

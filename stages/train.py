@@ -14,26 +14,15 @@ import typer
 
 from projected_grpo.adapter import attach_adapters
 from projected_grpo.arms import get_arm
-from projected_grpo.basis import Basis
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
+from projected_grpo.direction import load_run_basis
 from projected_grpo.log import read_tsv, write_metrics
 from projected_grpo.model import load_model_and_tokenizer
-from projected_grpo.pairs import load_pairset, pairset_path
 from projected_grpo.pool import load_pool
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
-from projected_grpo.train import (
-    GATED,
-    act_gated,
-    held_out_pairs,
-    mass_matched,
-    refreshes,
-    run_flags,
-    run_signature,
-    summarize_log,
-    train,
-)
+from projected_grpo.train import run_flags, run_signature, summarize_log, train
 
 
 def main(
@@ -53,27 +42,14 @@ def main(
     p, a = load_params(params), get_arm(arm)
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
-    b = act = matched = None
-    if a.needs_basis:
-        if basis is None:
-            raise ValueError(f"arm {arm} reads a basis: pass --basis")
-        b = Basis.load(basis / ("random.safetensors" if a.random_dir else "basis.safetensors"))
-        act = Basis.load(basis / "act.safetensors") if act_gated(p, a) else None
-        matched = Basis.load(basis / "basis.safetensors") if mass_matched(p, a) else None
+    rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast
     model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
     attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
     records = load_problems_parquet(problems / "train.parquet")
-    cal = ex = None
-    if a.edit in GATED or refreshes(p, a):
-        if pairsets is None:
-            raise ValueError(f"arm {arm} reads held-out pairs (gate calibration or refresh): pass --pairsets")
-        holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
-        cal, ex = held_out_pairs(p, a, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        res = train(p, a, seed, model, tok, records, sb, out, log, basis=b, cal=cal, pool=teacher_pool,
-                    signature=run_signature(p, a, seed, basis), extraction=ex, act=act,
-                    timings_path=timings, matched=matched)  # fmt: skip
+        res = train(p, a, seed, model, tok, records, sb, out, log, rb=rb, pool=teacher_pool,
+                    signature=run_signature(p, a, seed, basis), timings_path=timings)
     write_metrics(metrics, summarize_log(read_tsv(log)) | run_flags(res))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 

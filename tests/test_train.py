@@ -30,26 +30,15 @@ from projected_grpo.arms import ARMS, get_arm
 from projected_grpo.basis import Basis, act_basis, build_basis, completion_grads, encode, pooled_activations
 from projected_grpo.checkpoint import read_checkpoint
 from projected_grpo.config import Params
+from projected_grpo.direction import RunBasis, mass_matched, refresh_basis
+from projected_grpo.gate import HeldOutPairs, calibrate_gate, pool_completion, residual_capture
 from projected_grpo.logprobs import padded
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import MODES, apply_mode
 from projected_grpo.pool import PoolRow
 from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from projected_grpo.train import (
-    GATED,
-    STEP_PHASES,
-    HeldOutPairs,
-    calibrate_gate,
-    label_auroc,
-    mass_matched,
-    pool_completion,
-    refresh_basis,
-    residual_capture,
-    run_flags,
-    span_norm,
-    train,
-)
+from projected_grpo.train import STEP_PHASES, label_auroc, run_flags, span_norm, train
 from tests.conftest import ROOT
 
 ROUTING = [a for a, spec in ARMS.items() if spec.routes]
@@ -142,13 +131,14 @@ def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=N
     if m is None:
         m = tiny_model(len(world["tok"]))
         attach_adapters(m, "all", 4)
-    b = (world["random"] if a.random_dir else world["basis"]) if a.needs_basis else None
+    b = (world["random"] if a.random_dir else world["basis"]) if a.reads_basis else None
     torch.set_num_threads(1)
     p = p or tiny_params()
-    res = train(p, a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt",
-                tmp / "log.tsv", basis=b, cal=cal or world["cal"], pool=pool, signature={"arm": arm}, progress=False,
-                grade_fn=grader or fake_grader(), extraction=world["ex"], act=world["act"],
-                timings_path=tmp / "timings.tsv", matched=world["basis"] if mass_matched(p, a) else None)  # fmt: skip
+    rb = RunBasis(basis=b, act=world["act"], matched=world["basis"] if mass_matched(p, a) else None,
+                  cal=cal or world["cal"], extraction=world["ex"])
+    res = train(p, a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt", tmp / "log.tsv", rb=rb,
+                pool=pool, signature={"arm": arm}, progress=False, grade_fn=grader or fake_grader(),
+                timings_path=tmp / "timings.tsv")  # fmt: skip
     if result is not None:
         result.update(res)
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
@@ -232,7 +222,7 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     assert ca.keys() == cb.keys() and {"vh_delta", "vh_knob"} <= ca.keys()
     assert {k: v for k, v in ca.items() if not reads_labels(k)} == {k: v for k, v in cb.items() if not reads_labels(k)}
     assert ca["hack"] != cb["hack"], "the two graders must disagree on labels for this test to have teeth"
-    if get_arm(arm).edit in GATED:
+    if get_arm(arm).gate is not None:
         both = [(x, y) for x, y in zip(ca["gate_auroc_live"], cb["gate_auroc_live"]) if "nan" not in (x, y)]
         assert both and any(x != y for x, y in both), (ca["gate_auroc_live"], cb["gate_auroc_live"])
     else:
@@ -294,7 +284,7 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in vh]
     own = p.grpo.share_prompt and arm == "route_per_rollout"
-    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(m, world["tok"], world["cal"], get_arm(arm).edit, world["basis"],
+    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(m, world["tok"], world["cal"], get_arm(arm).gate, world["basis"],
                                                      kept, p.projection, p.rollout.temperature, None, own)  # fmt: skip
     first = {k: float(cols[k][0]) for k in ("tau_lo", "tau_hi", "gate_auroc", "gate_auroc_lo", "gate_auroc_hi")}
     assert first == pytest.approx({"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo,
@@ -332,9 +322,9 @@ def test_gate_guard_warns_and_flags_an_uninformative_calibration(world, tmp_path
     recal_every 2), one line naming step and AUROC [lo, hi], and the run's result says gate_uninformative; on the
     real held-out pairs the tiny gate separates (interval above 0.5): no warning, flag false."""
     got: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
         run(world, arm, tmp_path / "placebo", cal=placebo_cal(world), result=got)
-    lines = [r.getMessage() for r in caplog.records if r.name == "projected_grpo.train"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "projected_grpo.gate"]
     assert len(lines) == 2 and all("\n" not in x for x in lines)
     for x, step in zip(lines, (0, 2)):
         assert f"step {step}:" in x and "AUROC 0.500 [0.500, 0.500]" in x and "uninformative" in x
@@ -343,9 +333,9 @@ def test_gate_guard_warns_and_flags_an_uninformative_calibration(world, tmp_path
     assert log_column(tmp_path / "placebo", "gate_auroc_lo") == [0.5] * 3
     caplog.clear()
     real: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
         run(world, arm, tmp_path / "real", result=real)
-    assert not [r for r in caplog.records if r.name == "projected_grpo.train"]
+    assert not [r for r in caplog.records if r.name == "projected_grpo.gate"]
     assert real["gate_uninformative"] is False and min(log_column(tmp_path / "real", "gate_auroc_lo")) > 0.5
     # the run's final metrics carry the flag (stages/train.py: summarize_log | run_flags); ungated arms do not
     assert run_flags(got) == {"gate_uninformative": True} and run_flags(real) == {"gate_uninformative": False}
@@ -365,9 +355,9 @@ def test_gate_guard_survives_a_resume(world, tmp_path, caplog):
     run(world, "route_per_rollout", tmp_path / "cut", p=p3, cal=placebo_cal(world))
     caplog.clear()
     resumed: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.train"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
         b = run(world, "route_per_rollout", tmp_path / "cut", p=p4, cal=placebo_cal(world), result=resumed)
-    assert not [r for r in caplog.records if r.name == "projected_grpo.train"]
+    assert not [r for r in caplog.records if r.name == "projected_grpo.gate"]
     assert resumed == full and full["gate_uninformative_steps"] == [0, 2]
     assert same(a, b)
     gate = [read_checkpoint(tmp_path / d / "ckpt", 4)["gate"] for d in ("cut", "full")]
@@ -486,15 +476,17 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
     attach_adapters(m, "all", 4)
     args = (41, m, world["tok"], world["records"], None, tmp_path / "ck", tmp_path / "log.tsv")
     with pytest.raises(ValueError, match="extraction pairs"):
-        train(refreshing(2), a, *args, basis=world["basis"], cal=world["cal"])
+        train(refreshing(2), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
     with pytest.raises(ValueError, match="calibrates its gate"):
-        train(tiny_params(), a, *args, basis=world["basis"])
+        train(tiny_params(), a, *args, rb=RunBasis(world["basis"]))
+    with pytest.raises(ValueError, match="needs a basis"):
+        train(tiny_params(), a, *args)
     with pytest.raises(ValueError, match="basis.space=act gates whole rollouts"):
-        train(tiny_params(basis={"space": "act"}), a, *args, basis=world["basis"], cal=world["cal"])
+        train(tiny_params(basis={"space": "act"}), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
     wrong = Basis({}, {}, {**world["act"].meta, "act_layer": 0}, world["act"].v_act)
     with pytest.raises(ValueError, match="act_layer"):
-        train(tiny_params(basis={"space": "act"}), get_arm("route_per_rollout"), *args, basis=world["basis"],
-              cal=world["cal"], act=wrong)  # fmt: skip
+        train(tiny_params(basis={"space": "act"}), get_arm("route_per_rollout"), *args,
+              rb=RunBasis(world["basis"], act=wrong, cal=world["cal"]))
 
 
 @pytest.mark.parametrize("field,value", [("refresh_every", -1), ("refresh_moments", "keep"), ("token_window", 0)])

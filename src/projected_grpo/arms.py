@@ -1,60 +1,114 @@
-"""The experiment's arms by name (method.md §3.4, benchmark.md §6): what each one edits, rewards and needs.
+"""The experiment's arms as data (method.md §3.4, benchmark.md §6): one registry entry holds everything about an arm.
 
 An arm name is the unit of the DVC matrix (`train@<arm>-<seed>`). Every arm runs the same forward, loss, adapter and
-optimizer; they differ in the gradient edit, the reward and, for the random-direction control, the basis. Arms that
-read no basis (`vanilla`, `gt_only`, the GT-monitor baselines) optimise δS in plain coordinates, so changing the basis
-never re-runs them [design: method.md §3.6 shares one rotation across arms; that would make vanilla depend on
-`basis.*`. `vanilla_rotated` runs vanilla in the basis' coordinates to measure what the rotation alone does].
+optimizer; they differ in the gradient edit (`edit`: a rule of `edits.EDITS`), its gate (`gate`: what the routing
+decision is made per, calibrated on held-out pairs), the reward and monitor, and the basis. Every other module asks
+this registry (config validates names against it, train dispatches on its fields, evaluate reads `knob_states`, the
+report reads `role`, `control` and `family`) instead of matching on names.
+
+Arms that read no basis (`vanilla`, `gt_only`, the GT-monitor baselines) optimise δS in plain coordinates, so changing
+the basis never re-runs them [design: method.md §3.6 shares one rotation across arms; that would make vanilla depend
+on `basis.*`. `vanilla_rotated` runs vanilla in the basis' coordinates to measure what the rotation alone does].
+
+Adding an arm: an entry in `_registry` (and, for a new rule, its function in `edits.EDITS`) plus a test.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-EDITS = ("vanilla", "measure_only", "erase_no_gate", "erase_one_sided", "erase_reverse", "mirror", "route_batch",
-         "route_batch_no_gate", "route_per_rollout", "route_per_token")  # fmt: skip
 REWARDS = ("correct_or_hinted", "gt_only")
 MONITORS = (None, "penalty", "screening")
+GATES = (None, "rollout", "token")  # what a routing gate decides per: a whole rollout, or each completion token
+ROLES = ("baseline", "candidate", "control", "oracle")
 
 
 @dataclass(frozen=True)
 class Arm:
     name: str
-    edit: str  # one of EDITS (projection.py applies it in rotated coordinates)
+    edit: str  # the coordinate rule (edits.EDITS key), applied in rotated coordinates
     reward: str = "correct_or_hinted"  # gt_only: the no-loophole ceiling (hints present, never paid)
     monitor: str | None = None  # GT-monitor baselines: penalty (−3 when flagged) or screening (advantage 0)
-    random_dir: bool = False  # the same rule with Haar directions of the same k per module (the control)
+    gate: str | None = None  # per-sample routing gate calibrated on held-out pairs (GATES); None: batch rule
+    reads_basis: bool = True  # False: plain coordinates, no basis input (so basis changes never re-run it)
+    random_dir: bool = False  # the same rule with Haar directions of the same k per module (a control)
+    control: str | None = None  # the name of this arm's random-direction control, where the registry has one
+    mass_matched: bool = False  # a control whose moved norm can be matched to v_hack's (projection.random_match)
     pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
-
-    @property
-    def needs_basis(self) -> bool:
-        return self.edit != "vanilla" or self.name == "vanilla_rotated"
+    family: str | None = None  # the results.md comparison table the arm belongs to
 
     @property
     def routes(self) -> bool:
+        """The update has a knob part: evaluation reads the knob on (as trained) and off (deployed)."""
         return self.edit.startswith("route")
+
+    @property
+    def knob_states(self) -> tuple[str, ...]:
+        """Policies evaluated per checkpoint: the deployed one, plus the knob on where the arm routes."""
+        return ("deploy", "knob_on") if self.routes else ("deploy",)
+
+    @property
+    def role(self) -> str:
+        """oracle (reads ground truth: never wins), control (random directions), baseline (no edit), candidate."""
+        if self.monitor is not None or self.reward == "gt_only" or "oracle" in self.name:
+            return "oracle"
+        if self.random_dir:
+            return "control"
+        return "baseline" if self.edit in ("vanilla", "measure_only") else "candidate"
+
+
+ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 
 
 def _registry() -> dict[str, Arm]:
     arms = [
-        Arm("vanilla", "vanilla"),
-        Arm("gt_only", "vanilla", reward="gt_only"),
-        Arm("penalty", "vanilla", monitor="penalty"),
-        Arm("screening", "vanilla", monitor="screening"),
-        Arm("vanilla_rotated", "vanilla"),
-        Arm("vanilla_no_pool", "vanilla", pool=False),
+        Arm("vanilla", "vanilla", reads_basis=False),
+        Arm("gt_only", "vanilla", reward="gt_only", reads_basis=False),
+        Arm("penalty", "vanilla", monitor="penalty", reads_basis=False),
+        Arm("screening", "vanilla", monitor="screening", reads_basis=False),
+        Arm("vanilla_no_pool", "vanilla", pool=False, reads_basis=False),
+        Arm("vanilla_rotated", "vanilla"),  # vanilla's numerics in the basis' rotated coordinates
+        Arm("measure_only", "measure_only"),  # == vanilla (I12), and logs the cosines
     ]
-    for edit in EDITS[1:]:
-        arms.append(Arm(edit, edit))
-        if edit != "measure_only":
-            arms.append(Arm(f"{edit}_random", edit, random_dir=True))
+    # (edit, gate, family, whether a control's moved mass is computable: per-token α along v_hack is not captured)
+    with_controls = [
+        ("erase_one_sided", None, ERASE, True),
+        ("erase_no_gate", None, ERASE, True),
+        ("erase_reverse", None, ERASE, True),
+        ("mirror", None, ERASE, True),
+        ("route_batch", None, ROUTE, True),
+        ("route_batch_no_gate", None, ROUTE, True),
+        ("route_per_rollout", "rollout", ROUTE, True),
+        ("route_per_token", "token", ROUTE, False),
+    ]
+    for edit, gate, family, matchable in with_controls:
+        ctl = f"{edit}_random"
+        arms.append(Arm(edit, edit, gate=gate, control=ctl, family=family))
+        arms.append(Arm(ctl, edit, gate=gate, random_dir=True, mass_matched=matchable, family=family))
     return {a.name: a for a in arms}
 
 
 ARMS: dict[str, Arm] = _registry()
+BASIS_FREE: tuple[str, ...] = tuple(n for n, a in ARMS.items() if not a.reads_basis)  # the names `arms_ref` takes
 
 
 def get_arm(name: str) -> Arm:
     if name not in ARMS:
         raise ValueError(f"unknown arm {name!r}; known arms: {', '.join(ARMS)}")
     return ARMS[name]
+
+
+def check_matrix(arms_ref: tuple[str, ...] | list[str], arms: tuple[str, ...] | list[str]) -> None:
+    """params.yaml's `arms_ref` / `arms`: registered names, each once, the basis-free ones in arms_ref and the others
+    in arms (so a basis change never re-runs an arm that reads none). One-line ValueError otherwise."""
+    for key, names in (("arms_ref", arms_ref), ("arms", arms)):
+        unknown = [a for a in names if a not in ARMS]
+        if unknown:
+            raise ValueError(f"{key}: unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
+    wrong = [a for a in arms_ref if a not in BASIS_FREE] + [a for a in arms if a in BASIS_FREE]
+    if wrong:
+        raise ValueError(f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
+                         f"({', '.join(BASIS_FREE)}), arms the ones that do")  # fmt: skip
+    both = sorted(set(arms_ref) & set(arms))
+    if both:
+        raise ValueError(f"arm(s) {both} are in both arms_ref and arms; list each arm once")

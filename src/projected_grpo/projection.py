@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -127,6 +128,43 @@ def route_per_token(coef: Tensor, m: Tensor, total: Tensor) -> tuple[Tensor, Ten
     knob = torch.zeros_like(total)
     knob[:k] = (m.to(coef.dtype)[..., None] * coef.clamp(min=0)).sum((0, 1)).to(total.dtype)  # (k,) ≥ 0
     return total - knob, knob
+
+
+# --- the rule table: every arm's edit of one module, by `Arm.edit` ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleGrads:
+    """What an edit rule may read for one module at one step, in its rotated coordinates (r = the module's rank)."""
+
+    x: Tensor  # (r,) rotated batch gradient Rᵀ g
+    k: int  # basis rows of the module: the first k coordinates are α = Vh g
+    x_n: Tensor | None = None  # (N, r) rotated per-rollout gradients (gate "rollout")
+    gate: Tensor | None = None  # (N,) per-rollout gates, or (N, T) per-token gates (gate "token")
+    coef: Tensor | None = None  # (N, T, k) per-token coefficients α_{n,t} (gate "token")
+    own_tokens: bool = False  # x_n are own-token gradients (a shared prompt forward): they do not sum to x
+
+
+Rule = Callable[[ModuleGrads], tuple[Tensor, Tensor]]
+
+
+def _batch_rule(name: str) -> Rule:
+    return lambda s: edit_coords(s.x, s.k, name)
+
+
+RULES: dict[str, Rule] = {
+    **{name: _batch_rule(name) for name in EDITS},
+    "route_per_rollout": lambda s: route_per_rollout(s.x_n, s.k, s.gate, s.x if s.own_tokens else None),
+    "route_per_token": lambda s: route_per_token(s.coef, s.gate, s.x),
+}
+
+
+def apply_rule(edit: str, s: ModuleGrads) -> tuple[Tensor, Tensor]:
+    """(main, knob) gradients of one module for the arm's `edit`; vanilla and measure_only (and a module without a
+    basis, k = 0 with R = I) pass the gradient through unchanged."""
+    if edit in ("vanilla", "measure_only"):
+        return s.x, torch.zeros_like(s.x)
+    return RULES[edit](s)
 
 
 # --- per-token scores and gates (method.md §3.5, per-token variant) ---------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from projected_grpo import win_rule as W
+from projected_grpo.arms import ARMS
 from projected_grpo.evaluation import rate
 from projected_grpo.modes import LOOPHOLE_MODES
 from projected_grpo.stats import Refusal, Summary, paired_delta, summarize, wilson
@@ -33,10 +34,10 @@ METRICS = (
 )
 DELTAS = ("solve", "format", "hack_train", "hack_eval")  # the endpoint table's Δ-vs-vanilla columns
 # Arms compared within one question: gates of the erase rule, granularities of routing.
-FAMILIES = {
-    "Which gate? (erase rules)": ("erase_one_sided", "erase_no_gate", "erase_reverse", "mirror"),
-    "Which routing granularity?": ("route_batch", "route_batch_no_gate", "route_per_rollout", "route_per_token"),
-}
+FAMILIES: dict[str, tuple[str, ...]] = {}  # comparison table -> its candidate arms, from the arms' registry
+for _a in ARMS.values():
+    if _a.family is not None and _a.role == "candidate":
+        FAMILIES[_a.family] = (*FAMILIES.get(_a.family, ()), _a.name)
 REF = "vanilla"
 ROLE_LABEL = {"baseline": "baseline", "control": "random-direction control",
               "oracle": "oracle: ground-truth monitor or reward"}  # fmt: skip
@@ -287,12 +288,13 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
 def ordered_arms(arms_ref: list[str], arms: list[str]) -> list[str]:
     """vanilla first, each projection arm followed by its random control, then the baselines."""
     out = [REF] if REF in arms_ref else []
+    controls = {W.control_of(a): a for a in arms if W.control_of(a) in arms}  # control -> the arm it controls
     for a in arms:
-        if a.endswith("_random") and a.removesuffix("_random") in arms:
+        if a in controls:
             continue
         out.append(a)
-        if f"{a}_random" in arms:
-            out.append(f"{a}_random")
+        if W.control_of(a) in arms:
+            out.append(W.control_of(a))
     return out + [a for a in arms_ref if a != REF]
 
 
@@ -339,7 +341,7 @@ def family_tables(runs: Runs, order: list[str]) -> list[str]:
         present = [a for a in fam if a in arms]
         if len(present) < 2 or REF not in arms:
             continue
-        rows = [x for a in present for x in (a, f"{a}_random") if x in arms]
+        rows = [x for a in present for x in (a, W.control_of(a)) if x in arms]
         L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + _n_line(runs, metrics_present(runs)), ""]
         L += warnings(runs, rows)
         L += ["| arm | seeds | " + " | ".join(h for _, h in ms) + " |", "|" + "---|" * (len(ms) + 2)]

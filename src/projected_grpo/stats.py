@@ -27,6 +27,11 @@ _T975 = (
 MIN_N_FOR_CI = 3
 
 
+def rate(k: int, n: int) -> float:
+    """k / n, nan when n = 0 (the rate of nothing is unknown, not 0)."""
+    return k / n if n else math.nan
+
+
 def t975(df: int) -> float:
     """t_{0.975, df}: the table for df ≤ 30, beyond it the normal quantile with the first Cornish–Fisher term."""
     if df < 1:

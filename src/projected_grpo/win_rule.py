@@ -51,22 +51,19 @@ Values = dict[str, dict[int, float]]  # metric (RULE_METRICS) -> seed -> rate in
 
 
 def role(arm: str) -> str:
-    """candidate | control | oracle | baseline (vanilla, measure_only, the other basis-free / rotation-only arms).
-    Names outside the registry (golden tables, new arms) go by name: `*_random` control, else candidate."""
+    """candidate | control | oracle | baseline, from the arms' registry (`Arm.role`). Names outside it (golden tables,
+    arms not yet registered) go by name: "oracle" in it, `*_random` control, vanilla/measure_only baseline, else
+    candidate."""
+    if arm in ARMS:
+        return ARMS[arm].role
     if "oracle" in arm:
         return "oracle"
-    a = ARMS.get(arm)
-    if a is None:
-        return "control" if arm.endswith("_random") else "baseline" if arm in (REF, MATCHED) else "candidate"
-    if a.monitor is not None or a.reward == "gt_only":
-        return "oracle"
-    if a.random_dir:
-        return "control"
-    return "baseline" if a.edit in ("vanilla", "measure_only") else "candidate"
+    return "control" if arm.endswith("_random") else "baseline" if arm in (REF, MATCHED) else "candidate"
 
 
-def control_of(arm: str) -> str:
-    return f"{arm}_random"
+def control_of(arm: str) -> str | None:
+    """The arm's random-direction control: the registry's (None where it has none), `<arm>_random` outside it."""
+    return ARMS[arm].control if arm in ARMS else f"{arm}_random"
 
 
 def matched_baseline(present: list[str]) -> str:
@@ -157,7 +154,9 @@ def judge(arm: str, values: dict[str, Values], present: list[str]) -> Verdict:
                          f"{_pct(FORMAT_FLOOR)} points")  # fmt: skip
         conds = [Condition("a", "hack", ok_a, txt_a), Condition("b", "solve", ok_b, txt_b),
                  Condition("c", "format", ok_c, "; ".join(parts))]  # fmt: skip
-    if ctl not in present:
+    if ctl is None:
+        conds.append(Condition("d", "control", False, "no random-direction control in the arms' registry"))
+    elif ctl not in present:
         conds.append(Condition("d", "control", False, f"control {ctl} not run: the arm cannot win without it"))
     else:
         ok_d, txt_d = _below_zero(_delta(me["hack"], values[ctl]["hack"], "hack"), f"Δ hack vs {ctl}")

@@ -1,0 +1,52 @@
+"""The arms' registry (arms.py) is the one place an arm is described: every field is consistent and every consumer
+(train's rule dispatch, evaluation's knob states, the win rule's roles and controls, the report's families) reads
+it."""
+
+import pytest
+import torch
+
+from projected_grpo import projection as proj
+from projected_grpo import win_rule as W
+from projected_grpo.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS
+from projected_grpo.results import FAMILIES, ordered_arms
+
+
+@pytest.mark.parametrize("name", sorted(ARMS))
+def test_entry_is_consistent(name):
+    a = ARMS[name]
+    assert a.name == name and a.reward in REWARDS and a.monitor in MONITORS and a.gate in GATES
+    assert a.edit in proj.RULES or a.edit in ("vanilla", "measure_only"), f"{name}: no rule for edit {a.edit!r}"
+    assert a.gate is None or a.routes, "a gate decides what is routed"
+    if a.control is not None:  # the control is the same rule and gate along random directions
+        c = ARMS[a.control]
+        assert c.random_dir and c.edit == a.edit and c.gate == a.gate and c.reads_basis and c.role == "control"
+    if a.random_dir:
+        assert a.reads_basis and any(b.control == name for b in ARMS.values())
+    assert not a.mass_matched or a.random_dir
+    assert a.knob_states == (("deploy", "knob_on") if a.routes else ("deploy",))
+    assert W.role(name) == a.role and (a.role != "candidate" or W.control_of(name) == a.control)
+
+
+def test_roles_and_lists():
+    assert set(BASIS_FREE) == {"vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool"}
+    assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"}
+    assert all(ARMS[n].role == "candidate" for fam in FAMILIES.values() for n in fam)
+    order = ordered_arms(["vanilla", "gt_only"], ["route_per_rollout_random", "measure_only", "route_per_rollout"])
+    assert order == ["vanilla", "measure_only", "route_per_rollout", "route_per_rollout_random", "gt_only"]
+
+
+def test_every_rule_keeps_main_plus_knob_equal_to_g_for_routing():
+    """The rule table's contract on one module: routing rules put everything in main + knob (nothing erased),
+    and nothing outside the first k coordinates (span(Vh)) goes to the knob."""
+    g = torch.Generator().manual_seed(0)
+    N, T, r, k = 4, 5, 6, 2
+    x_n = torch.randn(N, r, generator=g, dtype=torch.float64)
+    s = proj.ModuleGrads(x_n.sum(0), k, x_n=x_n, gate=torch.rand(N, generator=g, dtype=torch.float64))
+    tok = proj.ModuleGrads(x_n.sum(0), k, gate=torch.rand(N, T, generator=g, dtype=torch.float64),
+                           coef=torch.randn(N, T, k, generator=g, dtype=torch.float64))  # fmt: skip
+    for name in {a.edit for a in ARMS.values()}:
+        inp = tok if ARMS[name].gate == "token" else s
+        main, knob = proj.apply_rule(name, inp)
+        assert main.shape == knob.shape == (r,) and torch.all(knob[k:] == 0), name
+        if ARMS[name].routes:
+            torch.testing.assert_close(main + knob, inp.x, msg=name)
