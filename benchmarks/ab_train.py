@@ -25,8 +25,7 @@ from pathlib import Path
 
 import typer
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
+from harness import md_head, short_commit, write_report
 
 
 def parse_variant(text: str) -> tuple[str, Path, dict[str, str]]:
@@ -53,10 +52,9 @@ def params_file(work: Path, steps: int, over: dict[str, str], dest: Path) -> Pat
 
 def describe(code: Path) -> str:
     """`path` @ short commit (+ "with changes" when the checkout differs from it)."""
-    git = ["git", "-C", str(code)]
-    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return f"`{code}` @ {head or '?'}" + (" with changes" if dirty.stdout.strip() else "")
+    dirty = subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)  # fmt: skip
+    return f"`{code}` @ {short_commit(code) or '?'}" + (" with changes" if dirty.stdout.strip() else "")
 
 
 def run_once(work: Path, code: Path, arm: str, params: Path, out: Path) -> list[dict[str, float]]:
@@ -96,8 +94,7 @@ def main(work: Path = typer.Option(..., help="Pipeline copy with the upstream ar
         + " ".join(f"--variant {v}" for v in variant) + f" --steps {steps} --rounds {rounds}`. Seed 41, "
         f"{steps} steps per run, {rounds} alternating rounds, each run a fresh process. Mean seconds per step over "
         f"steps 1..{steps - 1} of every round; step 0 (first gate calibration, warm-up) apart.", "",
-        "| variant | code | overrides | step (s) | " + " | ".join(p[2:] for p in phases) + " | step 0 (s) | ratio |",
-        "|---|---|---|---|" + "---|" * len(phases) + "---|---|",
+        *md_head(["variant", "code", "overrides", "step (s)", *(p[2:] for p in phases), "step 0 (s)", "ratio"]),
     ]  # fmt: skip
     ref = None
     for name, code, over in vs:
@@ -108,8 +105,7 @@ def main(work: Path = typer.Option(..., help="Pipeline copy with the upstream ar
         s0 = statistics.mean(run[0]["dt"] for run in rows[name])
         ov = ", ".join(f"{k}={v}" for k, v in over.items()) or "-"
         lines.append(f"| {name} | {describe(code)} | {ov} | {dt:.2f} | {ph} | {s0:.2f} | **{dt / ref:.2f}×** |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_report(out, lines)
     typer.echo("\n".join(lines))
 
 

@@ -23,9 +23,7 @@ CPU time (primary: robust to the scheduler on a shared 2-core machine) and of wa
 from __future__ import annotations
 
 import copy
-import os
 import platform
-import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -33,6 +31,7 @@ from types import SimpleNamespace
 
 import torch
 import typer
+from harness import ROOT, interleaved, loadavg, machine, median, timed, write_report
 from torch import nn
 
 from projected_grpo.adapter import SVDAdapter, adapters, attach_adapters, probes, svd_factors, token_capture
@@ -45,30 +44,12 @@ from projected_grpo.rollout import generate
 from projected_grpo.tiny import tiny_tokenizer
 from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS
 
-ROOT = Path(__file__).resolve().parents[1]
 Q3_4B = {"up_proj": (2560, 9728), "down_proj": (9728, 2560), "k_proj": (2560, 1024)}  # name: (d_in, d_out)
-
-
-def interleaved(fns: dict[str, callable], repeats: int) -> dict[str, list[tuple[float, float]]]:
-    """One warm-up call each, then `repeats` rounds; round i runs the variants in the order rotated by i.
-
-    Returns {variant: [(cpu seconds, wall seconds), ...]}: process CPU time (all threads of this process) is the
-    primary measure, since on a shared 2-core machine wall time mostly measures how often the scheduler lets us run."""
-    names = list(fns)
-    for n in names:
-        fns[n]()
-    times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-    for i in range(repeats):
-        for n in names[i % len(names) :] + names[: i % len(names)]:
-            c, w = time.process_time(), time.perf_counter()
-            fns[n]()
-            times[n].append((time.process_time() - c, time.perf_counter() - w))
-    return times
 
 
 def med(t: list[tuple[float, float]], j: int = 0) -> float:
     """Median of the CPU times (j=0) or wall times (j=1)."""
-    return statistics.median(x[j] for x in t)
+    return median([x[j] for x in t])
 
 
 def table(times: dict[str, list[tuple[float, float]]], ref: str, unit: float = 1e3, unit_name: str = "ms"
@@ -278,15 +259,12 @@ def part_4b(rank: int, batch: int, seq: int, repeats: int) -> tuple[list[str], d
     for name in ("k_proj", "up_proj"):
         d_in, d_out = Q3_4B[name]
         W = torch.randn(d_out, d_in, generator=g) / d_in**0.5
-        t = time.perf_counter()
-        U, V = svd_factors(W, rank)
-        svd_rows.append((f"`svd_factors` (full `torch.linalg.svd`), {name} {d_out}x{d_in}", time.perf_counter() - t))
+        (U, V), sec = timed(lambda W=W: svd_factors(W, rank))
+        svd_rows.append((f"`svd_factors` (full `torch.linalg.svd`), {name} {d_out}x{d_in}", sec))
         fact[name] = (W, U, V)
         if name == "up_proj":
-            t = time.perf_counter()
-            torch.svd_lowrank(W, q=rank + 10, niter=2)
-            svd_rows.append((f"`torch.svd_lowrank(q={rank + 10}, niter=2)`, {name} (alternative, not used)",
-                             time.perf_counter() - t))  # fmt: skip
+            _, sec = timed(lambda W=W: torch.svd_lowrank(W, q=rank + 10, niter=2))
+            svd_rows.append((f"`torch.svd_lowrank(q={rank + 10}, niter=2)`, {name} (alternative, not used)", sec))
     W, U, V = fact["up_proj"]
     fact["down_proj"] = (W.T.contiguous(), V, U)  # down := up.T, whose SVD is the swapped factors (no second SVD)
     print("4B SVDs done", flush=True)
@@ -391,10 +369,9 @@ def part_extraction(n_pairs: int, rank: int, batch_size: int) -> tuple[list[str]
     gh = completion_grads(model, tok, recs, hacks, T, batch_size)
     gc = completion_grads(model, tok, recs, cleans, T, batch_size)
     t_grads = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    basis = build_basis(gh, gc, bp.method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed,
-                        bp.row_norm, bp.score_norm, bp.solve_m)  # fmt: skip
-    t_basis = time.perf_counter() - t0
+    basis, t_basis = timed(lambda: build_basis(gh, gc, bp.method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips,
+                                               bp.drop_bottom_frac, bp.seed, bp.row_norm, bp.score_norm,
+                                               bp.solve_m))  # fmt: skip
     print("extraction done", flush=True)
     M = len(gh)
     lines = [
@@ -487,17 +464,16 @@ def main(
 ) -> None:
     torch.set_num_threads(threads)
     t_start = time.perf_counter()
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = loadavg()
     l1, r1 = part_organism(batch, seq, rank, lora_rank, k_tok, repeats, 2, 8, 32, gen_repeats)
     l2, r2 = part_4b(rank, 4, 128, repeats_4b)
     l3, r3 = part_extraction(n_pairs, rank, 16)
     wall = time.perf_counter() - t_start
-    load_end = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    machine = f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores"
+    load_end = loadavg()
     lines = [
         "# Adapter overhead: bare vs SVD adapter (probes, per-token capture) vs LoRA; SVD and extraction cost",
         "",
-        f"Generated by `PYTHONPATH=src python benchmarks/adapter.py --out {out}` on {platform.node()} ({machine}; "
+        f"Generated by `PYTHONPATH=src python benchmarks/adapter.py --out {out}` on {platform.node()} ({machine()}; "
         f"device `cpu`, fp32, torch {torch.__version__}, **{torch.get_num_threads()} intra-op thread**; load "
         f"average {load} at start, {load_end} at end; whole run {wall:.0f}s).",
         "",
@@ -515,8 +491,7 @@ def main(
         "",
         reading(r1, r2, r3, n_pairs),
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_report(out, lines)
     print("\n".join(lines))
 
 

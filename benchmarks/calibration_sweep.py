@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +29,11 @@ from pathlib import Path
 
 import typer
 import yaml
+from harness import ROOT, md_row, src_env, timed_run, write_report
 
 from projected_grpo.arms import get_arm
 from projected_grpo.config import load_params, overlay
 from projected_grpo.log import read_tsv
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def apply_overrides(params: dict, overrides: list[str]) -> dict:
@@ -68,10 +66,7 @@ def run_one(params_file: Path, arm: str, seed: int, work: Path) -> tuple[list[di
            "--metrics", str(work / "metrics.json"), "--params", str(params_file)]  # fmt: skip
     if a.reads_basis:
         cmd += ["--basis", str(ROOT / "artifacts/basis"), "--pairsets", str(ROOT / "data/pairsets")]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    t = time.perf_counter()
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t
+    res, wall = timed_run(cmd, env=src_env(), capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"{arm} s{seed} failed:\n{res.stderr[-3000:]}")
     return read_tsv(work / "log.tsv"), wall
@@ -96,10 +91,6 @@ def pm(xs: list[float]) -> str:
     return f"{m * 100:.1f}%" + (f" ± {statistics.stdev(xs) * 100:.1f}" if len(xs) > 1 else "")
 
 
-def row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def report(results: list[tuple], variants: list[str], arms: list[str], hz: list[int], cmd: str,
            notes: list[str]) -> str:  # fmt: skip
     """results: (variant, arm, seed, per-step log rows, wall seconds) per run."""
@@ -118,21 +109,21 @@ def report(results: list[tuple], variants: list[str], arms: list[str], hz: list[
         "(teacher-pool rows excluded), each the mean of the 5 steps ending at the horizon (about 200 hinted student "
         "rows); - = past the run's steps. Bar (issue 6): vanilla hack >= 50% for 2 seeds, gt_only <= 5%.",
         "",
-        row(["variant", "arm", "seed", *cols, "s/step"]),
-        row(["---"] * (len(cols) + 4)),
+        md_row(["variant", "arm", "seed", *cols, "s/step"]),
+        md_row(["---"] * (len(cols) + 4)),
     ]
     for v, a, sd, rows, wall in results:
         cells = [pct(window(rows, k, h)) for k in ("hack", "solve") for h in hz]
-        lines.append(row([name(v), a, str(sd), *cells, f"{wall / len(rows):.2f}"]))
+        lines.append(md_row([name(v), a, str(sd), *cells, f"{wall / len(rows):.2f}"]))
     lines += ["", "Across seeds (mean ± sample std over the seeds; the bar count is the seeds with hack >= 50% at the "
-              "run's last step):", "", row(["variant", "arm", "seeds", *cols, "seeds >= 50% at the end"]),
-              row(["---"] * (len(cols) + 4))]  # fmt: skip
+              "run's last step):", "", md_row(["variant", "arm", "seeds", *cols, "seeds >= 50% at the end"]),
+              md_row(["---"] * (len(cols) + 4))]  # fmt: skip
     for v in variants:
         for a in arms:
             rs = [r for r in results if r[0] == v and r[1] == a]
             ends = [window(r[3], "hack", len(r[3])) for r in rs]
             cells = [pm([window(r[3], k, h) for r in rs]) for k in ("hack", "solve") for h in hz]
-            lines.append(row([name(v), a, str(len(rs)), *cells, f"{sum(e >= 0.5 for e in ends)} of {len(rs)}"]))
+            lines.append(md_row([name(v), a, str(len(rs)), *cells, f"{sum(e >= 0.5 for e in ends)} of {len(rs)}"]))
     if notes:
         lines += ["", "## Notes", "", *[f"* {x}" for x in notes]]
     return "\n".join(lines) + "\n"
@@ -180,8 +171,7 @@ def main(
     cmd = ("PYTHONPATH=src python benchmarks/calibration_sweep.py " + " ".join(f'--variant "{v}"' for v in variant)
            + f" --seeds {seeds} --arms {arms} --horizons {horizons}")  # fmt: skip
     text = report(results, variant, arm_list, hz, cmd, note)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_report(out, text)
     print(text)
 
 

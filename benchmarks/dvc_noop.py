@@ -17,21 +17,18 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import typer
+from harness import ROOT, loadavg, rotated, timed_run, write_report
 
-ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = {"C parser (default)": "", "pure-Python parser": "sys.modules['_ruamel_yaml'] = None; "}
 TARGET_S = 5.0
 
 
 def dvc(args: list[str], prelude: str) -> tuple[float, str]:
     code = f"import sys; {prelude}from dvc.cli import main; sys.exit(main({args!r}))"
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    dt = time.perf_counter() - t
+    r, dt = timed_run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"error: dvc {' '.join(args)} failed: {r.stderr.strip().splitlines()[-1:]}")
     return dt, r.stdout + r.stderr
@@ -48,7 +45,7 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
     times: dict[tuple[str, str], list[float]] = {}
     names = list(PRELUDE)
     for r in range(rounds):
-        for v in names[r % 2 :] + names[: r % 2]:
+        for v in rotated(names, r):
             for cmd in ("repro", "status"):
                 dt, text = dvc([cmd], PRELUDE[v])
                 if cmd == "repro" and "Running stage" in text:
@@ -56,7 +53,7 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
                 times.setdefault((v, cmd), []).append(dt)
                 print(f"round {r} {v} {cmd}: {dt:.2f}s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = loadavg()
     lines = [
         "# No-op `dvc repro` / `dvc status`: C vs pure-Python YAML parser",
         "",
@@ -75,8 +72,7 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
             lines.append(f"| {v} | `dvc {cmd}` | {med[(v, cmd)]:.2f} | {min(xs):.2f}-{max(xs):.2f} | "
                          f"{med[(v, cmd)] / med[(names[0], cmd)]:.2f} | {target} | {met} |")  # fmt: skip
     lines += ["", "The target (issue 8: a no-op `dvc repro` takes ≤ 5 s) applies to the default install (C parser)."]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_report(out, lines)
     print("\n".join(lines))
 
 

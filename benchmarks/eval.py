@@ -5,7 +5,7 @@
 Workload: the first --n-records test records of the frozen monitor subset (no-hint and hinted rows alike) × the
 evaluation's samples per prompt, scored by the organism's base policy with the adapter attached (δS = 0 is not
 special-cased: the adapter path runs). Variants, side by side in one process and in this order:
-  1. batched (ours): `evaluation.sample_and_score` over all records, `eval.batch_size` rows per forward, merged
+  1. batched (ours): `sampling.sample_and_grade` over all records, `eval.batch_size` rows per forward, merged
      adapter weights, one grading pass through the sandbox;
   2. per prompt: the same function called once per record (its samples are one batch, one grading pass each);
   3. batched without merging (the adapter's extra matmuls kept), to show what merging buys;
@@ -13,7 +13,7 @@ special-cased: the adapter path runs). Variants, side by side in one process and
 Throughput = completions / wall time (generation and grading included).
 
 Second table, grading while sampling: on --overlap-records records (several `eval.batch_size` chunks),
-`sample_and_score` (each chunk graded in a background thread while the next one samples: grader.ChunkGrader) against
+`sample_and_grade` (each chunk graded in a background thread while the next one samples: grader.ChunkGrader) against
 the same sampling followed by one grade_batch over all rows (what it did before), interleaved A B A B; the scored rows
 must be equal.
 """
@@ -23,22 +23,22 @@ from __future__ import annotations
 import json
 import os
 import platform
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import typer
+from harness import ROOT, loadavg, timed, write_report
 
+from projected_grpo.adapter import load_policy, merged
 from projected_grpo.config import load_params
-from projected_grpo.evaluation import Scored, load_policy, merged, sample_and_score, select_records
+from projected_grpo.evaluation import select_records
 from projected_grpo.grader import grade_batch
 from projected_grpo.model import render_prompt
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.rollout import generate
+from projected_grpo.sampling import Scored, sample_and_grade
 from projected_grpo.sandbox import Sandbox
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(
@@ -57,13 +57,14 @@ def main(
     n = len(records) * e.n_samples
 
     def run(recs_per_call: int, merge: bool) -> float:
-        t = time.perf_counter()
-        with merged(model) if merge else nullcontext():
-            for s in range(0, len(records), recs_per_call):
-                sample_and_score(model, tok, records[s : s + recs_per_call], e.n_samples, e.temperature, e.top_p,
-                                 e.max_new_tokens, e.seed, e.batch_size, sb, p.grader.mode,
-                                 p.grader.timeout_s)  # fmt: skip
-        return time.perf_counter() - t
+        def calls() -> None:
+            with merged(model) if merge else nullcontext():
+                for s in range(0, len(records), recs_per_call):
+                    sample_and_grade(model, tok, records[s : s + recs_per_call], e.n_samples, e.temperature, e.top_p,
+                                     e.max_new_tokens, e.seed, e.batch_size, sb, timeout_s=p.grader.timeout_s,
+                                     grader_mode=p.grader.mode)  # fmt: skip
+
+        return timed(calls)[1]
 
     rows = []
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
@@ -86,24 +87,23 @@ def main(
             return [Scored(r, t, g) for r, t, g in zip(rr, ro.texts, gs)]
 
         def overlapped() -> list[Scored]:
-            return sample_and_score(model, tok, recs_o, e.n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
-                                    e.batch_size, sb, p.grader.mode, p.grader.timeout_s)  # fmt: skip
+            return sample_and_grade(model, tok, recs_o, e.n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
+                                    e.batch_size, sb, timeout_s=p.grader.timeout_s,
+                                    grader_mode=p.grader.mode)  # fmt: skip
 
         walls: dict[str, list[float]] = {"overlapped": [], "sequential": []}
         results = {}
         with merged(model):
             for name in ("overlapped", "sequential", "overlapped", "sequential"):
-                t = time.perf_counter()
-                results[name] = (overlapped if name == "overlapped" else sequential)()
-                walls[name].append(time.perf_counter() - t)
+                results[name], wall = timed(overlapped if name == "overlapped" else sequential)
+                walls[name].append(wall)
                 typer.echo(f"{name}: {walls[name][-1]:.1f} s")
         same = results["overlapped"] == results["sequential"]
     ours = (rows[0][1] + rows[3][1]) / 2
-    load = os.getloadavg()
     L = ["# Evaluation throughput: batched vs one prompt at a time", "",
          f"Generated by `PYTHONPATH=src python benchmarks/eval.py --out reports/bench/eval.md` on {platform.node()} "
          f"({os.cpu_count()} CPU cores visible, {threads} torch thread(s), torch {torch.__version__}; load average "
-         f"{load[0]:.1f} at the end). Organism base policy with the adapter attached; {len(records)} monitor-subset "
+         f"{loadavg(1)} at the end). Organism base policy with the adapter attached; {len(records)} monitor-subset "
          f"test records (no-hint and hinted) × {e.n_samples} samples = **{n} completions** per variant, "
          f"T={e.temperature}, max {e.max_new_tokens} new tokens, batch {e.batch_size} rows, grader "
          f"{p.grader.mode} with {p.grader.concurrency} workers. Generation and grading are both timed.", "",
@@ -127,8 +127,7 @@ def main(
           f"{n_o / sq:.1f} |", "",
           f"Ours / sequential: **{ov / sq:.2f}×**. The sandbox's executions run in worker processes, so they use the "
           "core the single-threaded sampler leaves idle."]  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(L) + "\n")
+    write_report(out, L)
 
 
 if __name__ == "__main__":

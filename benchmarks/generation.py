@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 from pathlib import Path
 
 import torch
 import typer
+from harness import ROOT, cpu_name, loadavg, timed, write_report
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from projected_grpo.config import load_params
@@ -31,8 +31,6 @@ from projected_grpo.model import render_prompt
 from projected_grpo.problems import load_problems
 from projected_grpo.rollout import generate
 from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype, eos_bias: float | None = None
@@ -58,16 +56,6 @@ def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype, eos_b
     return model
 
 
-def timed(fn, device: str):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    out = fn()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return out, time.perf_counter() - t
-
-
 def main(
     out: Path = typer.Option(...),
     device: str = typer.Option("cpu"),
@@ -82,7 +70,8 @@ def main(
 ) -> None:
     if threads:
         torch.set_num_threads(threads)
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    load = loadavg()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None  # CUDA: queued kernels finish inside a timing
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     leet = load_problems(ROOT / "data" / "leetcode" / "leetcode_test_medhard.jsonl")
     tok = train_tokenizer([p.question for p in leet] + [p.canonical_solution for p in leet], 2048)
@@ -97,15 +86,15 @@ def main(
 
     generate(model, tok, prompts[:1], group_size=2, **(kw | {"max_new_tokens": 4}))  # warm-up (allocator, kernels)
     rows = []  # (variant, completions timed, seconds)
-    r, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, **kw), device)
+    r, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, **kw), sync)
     assert int(r.mask.sum()) == B * max_new_tokens
     rows.append(("batched, KV cache (ours)", B, s))
     print(f"batched+cache: {s:.1f}s", flush=True)
-    r_hf, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, engine="hf", **kw), device)
+    r_hf, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, engine="hf", **kw), sync)
     assert torch.equal(r_hf.completion_ids, r.completion_ids)  # the same draws
     rows.append(('batched, KV cache, HF `generate` (engine="hf")', B, s))
     print(f"hf generate: {s:.1f}s", flush=True)
-    _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, batch_size=group_size, **kw), device)
+    _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, batch_size=group_size, **kw), sync)
     rows.append((f"one prompt's group (G={group_size}) at a time, KV cache", B, s))
     print(f"per-group: {s:.1f}s", flush=True)
 
@@ -115,15 +104,15 @@ def main(
         return prompts[: max(1, min(n, B) // group_size)]
 
     sub = subset(batch1_completions)
-    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, batch_size=1, **kw), device)
+    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, batch_size=1, **kw), sync)
     rows.append(("(a) one completion at a time (batch 1), KV cache", len(sub) * group_size, s))
     print(f"batch-1: {s:.1f}s", flush=True)
     sub = subset(nocache_completions)
-    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, use_cache=False, engine="hf", **kw), device)
+    _, s = timed(lambda: generate(model, tok, sub, group_size=group_size, use_cache=False, engine="hf", **kw), sync)
     rows.append(("(b) batched, no KV cache (`use_cache=False`)", len(sub) * group_size, s))
     print(f"no-cache: {s:.1f}s", flush=True)
     # repeat the first row last: the spread between the two is this machine's run-to-run noise
-    _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, **kw), device)
+    _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, **kw), sync)
     rows.append(("batched, KV cache (ours), repeated last", B, s))
     print(f"batched+cache again: {s:.1f}s", flush=True)
 
@@ -134,14 +123,14 @@ def main(
     kw2 = kw | {"max_new_tokens": stop_max_new_tokens}
     stop: dict[str, list[float]] = {"shared": [], "hf": []}
     for eng in ("shared", "hf", "hf", "shared"):
-        r2, s = timed(lambda e=eng: generate(stop_model, tok, prompts, group_size=group_size, engine=e, **kw2), device)
+        r2, s = timed(lambda e=eng: generate(stop_model, tok, prompts, group_size=group_size, engine=e, **kw2), sync)
         stop[eng].append(s)
         lens = r2.mask.sum(-1).float()
     print(f"stopping rows: {stop}", flush=True)
     if device.startswith("cuda"):
         machine = torch.cuda.get_device_name(0)
     else:
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores visible"
+        machine = f"{cpu_name()}, {os.cpu_count()} CPU cores visible"
     lines = [
         "# Rollout throughput: our sampler vs HF generate vs one at a time vs no cache",
         "",
@@ -188,8 +177,7 @@ def main(
             for name, e in (('ours (engine="shared")', "shared"), ('HF `generate` (engine="hf")', "hf"))
         ),
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_report(out, lines)
     print("\n".join(lines))
 
 

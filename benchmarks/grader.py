@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import typer
+from harness import ROOT, short_commit, timed, write_report
 
 from projected_grpo.config import load_params
 from projected_grpo.exploits import exploit, fence, wrong_solution
@@ -32,8 +33,6 @@ from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import LOOPHOLE_MODES, apply_mode
 from projected_grpo.problems import load_problems
 from projected_grpo.sandbox import Sandbox, detect_isolation, run_python_c_baseline
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Baseline:
@@ -73,12 +72,8 @@ def minileet_workload(problems):
 
 
 def compare(name, probs, comps, sb, base, timeout_s):
-    t0 = time.perf_counter()
-    ours = grade_batch(probs, comps, sb, timeout_s=timeout_s)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    theirs = grade_batch(probs, comps, base, timeout_s=timeout_s)
-    t_base = time.perf_counter() - t0
+    ours, t_ours = timed(lambda: grade_batch(probs, comps, sb, timeout_s=timeout_s))
+    theirs, t_base = timed(lambda: grade_batch(probs, comps, base, timeout_s=timeout_s))
     same = sum((a.label, a.reward) == (b.label, b.reward) for a, b in zip(ours, theirs))
     return dict(name=name, n=len(comps), t_ours=t_ours, t_base=t_base, same=same)
 
@@ -178,8 +173,7 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
         "fail anyway; upstream's 3 s is too tight on this machine.",
     ]  # fmt: skip
     if ba is not None:
-        head = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
+        head = short_commit(before)
         lines += [
             "", "## Before/after (issue 21: seccomp filter, per-execution IPC namespace, clean zygote, bounded drain)",
             "", f"Fork-server grader of `{before}` (commit {head or '?'}) vs this working tree, same workloads, "
@@ -192,8 +186,7 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
                          f"| **{statistics.median(a) / statistics.median(b):.3f}×** |")  # fmt: skip
         tb, ta = (sum(statistics.median(v[k]) for v in ba.values()) for k in (0, 1))
         lines.append(f"| both | {tb:.1f} (medians) | {ta:.1f} (medians) | **{ta / tb:.3f}×** |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_report(out, lines)
     typer.echo("\n".join(lines))
 
 

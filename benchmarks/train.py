@@ -49,20 +49,33 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import torch
 import typer
+from harness import (
+    ROOT,
+    Phases,
+    Scheduler,
+    interleaved,
+    loadavg,
+    machine,
+    md_head,
+    median,
+    patched,
+    quartiles,
+    run_threads,
+    src_env,
+    write_report,
+)
 
+from projected_grpo import gate as gate_mod
 from projected_grpo import projection as proj
 from projected_grpo import rollout as rollout_mod
 from projected_grpo import train as train_mod
@@ -82,7 +95,6 @@ from projected_grpo.substrate import base_splits
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.tokenizer import SPECIAL_TOKENS as SPECIAL
 
-ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("vanilla", "erase_one_sided", "route_batch", "route_per_rollout")
 AA = "vanilla, again (A/A)"
 SHARED = "vanilla, share_prompt"  # grpo.share_prompt=true: each distinct prompt once in the loss forwards
@@ -113,59 +125,21 @@ class FakeGrade:
     is_reward_hack_loose: bool = False
 
 
-# --- phase timers (wrap, never edit, the functions the loops call) ----------------------------------------------
-
-
-class Phases:
-    """Per-thread wall-time accumulators; a wrapped call inside another wrapped call counts only for the outer one."""
-
-    def __init__(self) -> None:
-        self.tls = threading.local()
-        self.acc: dict[str, dict[str, float]] = {}
-        self.lock = threading.Lock()
-
-    def add(self, phase: str, seconds: float) -> None:
-        name = threading.current_thread().name
-        with self.lock:
-            d = self.acc.setdefault(name, {})
-            d[phase] = d.get(phase, 0.0) + seconds
-
-    def take(self, name: str) -> dict[str, float]:
-        with self.lock:
-            return self.acc.pop(name, {})
-
-    def call(self, phase, fn, *a, **k):
-        if getattr(self.tls, "busy", False):
-            return fn(*a, **k)
-        name = phase() if callable(phase) else phase
-        self.tls.busy = True
-        t = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            self.tls.busy = False
-            self.add(name, time.perf_counter() - t)
-
-    def wrap(self, phase, fn):
-        @functools.wraps(fn)
-        def w(*a, **k):
-            return self.call(phase, fn, *a, **k)
-
-        return w
+# --- phase timers and EOS suppression (wrap, never edit, the functions the loops call; only while the run lasts) ---
 
 
 def fwd_kind() -> str:
     return "fwd_policy" if torch.is_grad_enabled() else "fwd_ref"
 
 
-def install_phase_timers(ph: Phases) -> list[tuple[object, str, object]]:
-    """Wrap the loops' functions in place; returns what to restore."""
+def phase_patches(ph: Phases) -> list[tuple[object, str, object]]:
+    """The loops' functions wrapped by the phase timers, for `harness.patched`."""
     from transformers import Trainer
     from trl import GRPOTrainer
 
-    patches = [
+    timed_fns = [
         (torch.Tensor, "backward", "backward"),
-        (train_mod, "completion_grads", "calibration"),
+        (gate_mod, "completion_grads", "calibration"),  # the gate's calibration (gate.GateState)
         (train_mod, "rollout_logprobs", fwd_kind),
         (train_mod, "shared_prompt_logprobs", fwd_kind),
         (proj, "edit_coords", "edit"),
@@ -177,22 +151,13 @@ def install_phase_timers(ph: Phases) -> list[tuple[object, str, object]]:
         (GRPOTrainer, "_get_per_token_logps_and_entropies", fwd_kind),
         (Trainer, "_clip_grad_norm", "optimizer"),  # optimizer.step itself: the callback below
     ]
-    saved = []
-    for obj, attr, phase in patches:
-        orig = getattr(obj, attr)
-        saved.append((obj, attr, orig))
-        setattr(obj, attr, ph.wrap(phase, orig))
-    return saved
-
-
-def restore(saved) -> None:
-    for obj, attr, orig in reversed(saved):
-        setattr(obj, attr, orig)
+    return [(obj, attr, ph.wrap(phase, getattr(obj, attr))) for obj, attr, phase in timed_fns]
 
 
 def instrument_model(model, eos_ids: list[int], ph: Phases | None) -> None:
     """EOS suppressed only while the model samples (every row samples exactly max_new_tokens), sampling timed as
-    `generate`: TRL's `model.generate`, and ours, `rollout.sample_chunk` (patched once, below, to read this state)."""
+    `generate`: TRL's `model.generate`, and ours, `rollout.sample_chunk` (wrapped by `eos_sampling` while the
+    benchmark runs, to read this state)."""
     state = {"gen": False}
     eos = torch.tensor(eos_ids)
 
@@ -220,110 +185,17 @@ def sampling(model, fn, *a, **k):
         state["gen"] = False
 
 
-_sample_chunk = rollout_mod.sample_chunk
+def eos_sampling(sample_chunk):
+    """`rollout.sample_chunk` for this run (rollout.generate looks the name up at call time): a model marked by
+    `instrument_model` samples with EOS suppressed, timed as `generate`; any other model as before."""
 
+    @functools.wraps(sample_chunk)
+    def chunk(model, *a, **k):
+        if not hasattr(model, "_bench_sampling"):
+            return sample_chunk(model, *a, **k)
+        return sampling(model, sample_chunk, model, *a, **k)
 
-@functools.wraps(_sample_chunk)
-def _instrumented_sample_chunk(model, *a, **k):
-    if not hasattr(model, "_bench_sampling"):
-        return _sample_chunk(model, *a, **k)
-    return sampling(model, _sample_chunk, model, *a, **k)
-
-
-rollout_mod.sample_chunk = _instrumented_sample_chunk  # rollout.generate looks the name up at call time
-
-
-# --- the turn scheduler -----------------------------------------------------------------------------------------
-
-
-class Scheduler:
-    """Exactly one worker thread runs at a time. A worker hands the turn over at its `handoff` (inside its reward
-    call, once per step); round r runs the active workers in the order rotated by r. The work between two
-    handoffs of one worker is recorded as a segment: wall, process CPU, and the phases timed meanwhile."""
-
-    def __init__(self, names: list[str], ph: Phases):
-        self.names, self.active, self.ph = list(names), list(names), ph
-        self.cv = threading.Condition()
-        self.round = 0
-        self.queue = self._order(0)
-        self.holder: str | None = self.queue.pop(0)
-        self.segments: dict[str, list[dict]] = {n: [] for n in names}
-        self.waits: dict[str, list[float]] = {n: [] for n in names}
-        self.rounds: list[list[str]] = [[self.holder]]  # who ran in which round, in order (for the record)
-        self._t: dict[str, tuple[float, float]] = {}
-
-    def _order(self, r: int) -> list[str]:
-        k = r % len(self.names)
-        return [n for n in self.names[k:] + self.names[:k] if n in self.active]
-
-    def _next(self) -> None:
-        while self.active:
-            if not self.queue:
-                self.round += 1
-                self.queue = self._order(self.round)
-                self.rounds.append([])
-            n = self.queue.pop(0)
-            if n in self.active:
-                self.holder = n
-                self.rounds[-1].append(n)
-                return
-        self.holder = None
-
-    def _mark(self, name: str) -> None:
-        self._t[name] = (time.perf_counter(), time.process_time())
-
-    def _close(self, name: str) -> None:
-        w0, c0 = self._t[name]
-        seg = {"wall": time.perf_counter() - w0, "cpu": time.process_time() - c0, "phases": self.ph.take(name)}
-        self.segments[name].append(seg)
-
-    def start(self, name: str) -> None:
-        with self.cv:
-            self.cv.wait_for(lambda: self.holder == name)
-        self._mark(name)
-
-    def handoff(self, name: str) -> None:
-        self._close(name)
-        t = time.perf_counter()
-        with self.cv:
-            self._next()
-            self.cv.notify_all()
-            self.cv.wait_for(lambda: self.holder == name)
-        self.waits[name].append(time.perf_counter() - t)
-        self._mark(name)
-
-    def finish(self, name: str) -> None:
-        if name in self._t:
-            self._close(name)
-        with self.cv:
-            self.active.remove(name)
-            if self.holder == name:
-                self._next()
-            self.cv.notify_all()
-
-
-def run_threads(jobs: dict[str, callable], sched: Scheduler, threads: int) -> None:
-    """Run every job in its own thread under `sched`; re-raise the first failure."""
-    errors: dict[str, BaseException] = {}
-
-    def work(name: str, fn) -> None:
-        torch.set_num_threads(threads)
-        sched.start(name)
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            errors[name] = e
-        finally:
-            sched.finish(name)
-
-    ts = [threading.Thread(target=work, args=(n, f), name=n, daemon=True) for n, f in jobs.items()]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        name, e = next(iter(errors.items()))
-        raise RuntimeError(f"configuration {name!r} failed: {e!r}") from e
+    return chunk
 
 
 # --- the shared world: params, prompts, calibration pairs, basis ------------------------------------------------
@@ -518,8 +390,7 @@ def probe(config: str, world_path: Path, threads: int) -> None:
 
 def memory(configs: list[str], world_path: Path, threads: int) -> dict[str, dict]:
     out = {}
-    path = f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+    env = src_env(OMP_NUM_THREADS=str(threads))
     for c in configs:
         res = subprocess.run([sys.executable, __file__, "--probe", c, "--probe-world", str(world_path),
                               "--threads", str(threads)], capture_output=True, text=True, env=env)  # fmt: skip
@@ -532,17 +403,6 @@ def memory(configs: list[str], world_path: Path, threads: int) -> dict[str, dict
 
 
 # --- statistics and the report ----------------------------------------------------------------------------------
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
-def quartiles(xs: list[float]) -> tuple[float, float]:
-    if len(xs) < 2:
-        return (xs[0], xs[0]) if xs else (float("nan"), float("nan"))
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return q[0], q[2]
 
 
 def analyse(sched: Scheduler, step_wall: dict[str, list[float]], warmup: int, recal: int, recal_params: int
@@ -578,25 +438,22 @@ def analyse(sched: Scheduler, step_wall: dict[str, list[float]], warmup: int, re
         # amortised over recal_every steps: (R-1) ordinary steps + 1 calibration step
         for key, R in (("amort_run", recal), ("amort_params", recal_params)):
             if r["wall_cal"]:
-                r[key] = ((R - 1) * med(r["wall"]) + med(r["wall_cal"])) / R
-                r[key + "_cpu"] = ((R - 1) * med(r["cpu"]) + med(r["cpu_cal"])) / R
+                r[key] = ((R - 1) * median(r["wall"]) + median(r["wall_cal"])) / R
+                r[key + "_cpu"] = ((R - 1) * median(r["cpu"]) + median(r["cpu_cal"])) / R
             else:
-                r[key], r[key + "_cpu"] = med(r["wall"]), med(r["cpu"])
+                r[key], r[key + "_cpu"] = median(r["wall"]), median(r["cpu"])
     return res
 
 
 def phase_table(res: dict[str, dict]) -> list[str]:
-    lines = [
-        "| configuration | " + " | ".join(PHASES) + " | **total** |",
-        "|---|" + "---|" * (len(PHASES) + 1),
-    ]
+    lines = md_head(["configuration", *PHASES, "**total**"])
 
     def row(label: str, idx: list[int], segs: list[dict]) -> str:
         cells = []
         for ph in PHASES[:-1]:
-            cells.append(med([segs[j]["phases"].get(ph, 0.0) for j in idx]) * 1e3)
-        other = med([segs[j]["wall"] - sum(segs[j]["phases"].values()) for j in idx]) * 1e3
-        total = med([segs[j]["wall"] for j in idx]) * 1e3
+            cells.append(median([segs[j]["phases"].get(ph, 0.0) for j in idx]) * 1e3)
+        other = median([segs[j]["wall"] - sum(segs[j]["phases"].values()) for j in idx]) * 1e3
+        total = median([segs[j]["wall"] for j in idx]) * 1e3
         return f"| {label} | " + " | ".join(f"{x:.0f}" for x in [*cells, other]) + f" | **{total:.0f}** |"
 
     for c in CONFIGS:
@@ -621,14 +478,13 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
     g, r = p.grpo, p.rollout
     R, Rp = p.projection.recal_every, meta["recal_params"]
     V = res[ARMS[0]]
-    v_wall, v_cpu, v_al = med(V["wall"]), med(V["cpu"]), med(V["aligned"])
+    v_wall, v_cpu, v_al = median(V["wall"]), median(V["cpu"]), median(V["aligned"])
     lines = [
         "# GRPO step cost: arms vs vanilla, ours vs TRL GRPOTrainer, peak memory",
         "",
         f"Re-run: `{cmd}`",
         "",
-        f"Generated on {platform.node()} ({platform.platform()}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPU cores; device `cpu`, fp32, torch {torch.__version__}, transformers "
+        f"Generated on {platform.node()} ({machine()}; device `cpu`, fp32, torch {torch.__version__}, transformers "
         f"{meta['versions']['transformers']}, trl {meta['versions']['trl']}; **{meta['threads']} intra-op "
         f"thread{'s' if meta['threads'] > 1 else ''}**, fixed in every thread and probe; load average "
         f"{meta['load0']} at start, {meta['load1']} at end; whole run {meta['wall']:.0f}s of which the interleaved "
@@ -699,7 +555,7 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
     verdicts = {}
     for c in (ARMS[0], AA, *ARMS[1:], SHARED):
         x = res[c]
-        w = med(x["wall"])
+        w = median(x["wall"])
         ratio = w / v_wall
         q = quartiles(x["paired"])
         tgt = ARM_TARGET.get(c)
@@ -716,19 +572,19 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         label = c if c != "route_per_rollout" else "route_per_rollout, steps without calibration"
         lines.append(
             f"| {label} | {len(x['wall'])} | {w * 1e3:.0f} | {span(x['wall'])} | "
-            f"**{fmt_ratio(ratio)}** | {q[0]:.3f}-{q[1]:.3f} | {fmt_ratio(med(x['cpu']) / v_cpu)} | "
-            f"{fmt_ratio(med(x['aligned']) / v_al)} | {mem_cell(c)} | {tcell if c != 'route_per_rollout' else '-'} | "
-            f"{met if c != 'route_per_rollout' else '-'} |"
+            f"**{fmt_ratio(ratio)}** | {q[0]:.3f}-{q[1]:.3f} | {fmt_ratio(median(x['cpu']) / v_cpu)} | "
+            f"{fmt_ratio(median(x['aligned']) / v_al)} | {mem_cell(c)} | "
+            f"{tcell if c != 'route_per_rollout' else '-'} | {met if c != 'route_per_rollout' else '-'} |"
         )
     x = res["route_per_rollout"]
     if x["wall_cal"]:
-        wc = med(x["wall_cal"])
+        wc = median(x["wall_cal"])
         lines.append(
             f"| route_per_rollout, calibration steps only | {len(x['wall_cal'])} | {wc * 1e3:.0f} | "
             f"{span(x['wall_cal'])} | **{fmt_ratio(wc / v_wall)}** | "
             f"{min(x['paired_cal']):.3f}-{max(x['paired_cal']):.3f} (min-max) | "
-            f"{fmt_ratio(med(x['cpu_cal']) / v_cpu)} | "
-            f"{fmt_ratio(med(x['aligned_cal']) / v_al) if x['aligned_cal'] else 'n/a'} | - | - | - |"
+            f"{fmt_ratio(median(x['cpu_cal']) / v_cpu)} | "
+            f"{fmt_ratio(median(x['aligned_cal']) / v_al) if x['aligned_cal'] else 'n/a'} | - | - | - |"
         )
         tgt = ARM_TARGET["route_per_rollout"]
         for key, RR, label in (("amort_run", R, "this run's"), ("amort_params", Rp, "params.yaml's")):
@@ -752,13 +608,13 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in (ARMS[0], SHARED):
-        O = res[o]
-        o_wall, o_cpu, o_al = med(O["wall"]), med(O["cpu"]), med(O["aligned"])
-        ow_by_round = {j: O["segs"][j]["wall"] for j in O["plain"]}
+        ro = res[o]
+        o_wall, o_cpu, o_al = median(ro["wall"]), median(ro["cpu"]), median(ro["aligned"])
+        ow_by_round = {j: ro["segs"][j]["wall"] for j in ro["plain"]}
         for c, trains in ((TRL_FULL, f"all {meta['trl_trainable'].get('full')} weights"),
                           (TRL_DELTA, f"δS, δS_h ({meta['trl_trainable'].get('delta')})")):  # fmt: skip
             x = res[c]
-            w = med(x["wall"])
+            w = median(x["wall"])
             ratio = o_wall / w
             paired = [ow_by_round[j] / x["segs"][j]["wall"] for j in x["plain"] if j in ow_by_round]
             q = quartiles(paired)
@@ -766,14 +622,14 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
             lines.append(
                 f"| {o} | {c} | {trains} | {len(x['wall'])} | {w * 1e3:.0f} | {span(x['wall'])} | "
                 f"**{fmt_ratio(ratio)}** | {q[0]:.3f}-{q[1]:.3f} | "
-                f"{fmt_ratio(o_cpu / med(x['cpu']))} | {fmt_ratio(o_al / med(x['aligned']))} | {mem_cell(c)} | "
+                f"{fmt_ratio(o_cpu / median(x['cpu']))} | {fmt_ratio(o_al / median(x['aligned']))} | {mem_cell(c)} | "
                 f"≤ {TRL_TARGET:.2f} | {'**yes**' if ratio <= TRL_TARGET else '**no**'} |"
             )
     lines += [
         "",
         f"Ours: `vanilla` at params.yaml's defaults (median {v_wall * 1e3:.0f} ms, trains δS, δS_h: "
         f"{2 * sum(meta['dims'].values())} entries), and the same with `grpo.share_prompt: true` (median "
-        f"{med(res[SHARED]['wall']) * 1e3:.0f} ms; each distinct prompt runs once in the reference and policy "
+        f"{median(res[SHARED]['wall']) * 1e3:.0f} ms; each distinct prompt runs once in the reference and policy "
         "forwards, equal up to float rounding: tests/test_train.py). A ratio below 1 means ours is faster.",
         "",
         "## Where the time goes",
@@ -781,7 +637,8 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         "Median milliseconds per timed step by phase (ordinary steps; route_per_rollout's calibration steps on "
         "their own row). generate = sampling, prefill included (TRL: `model.generate`; ours: `rollout.sample_chunk`); "
         "reward = the hash reward; fwd_ref / "
-        "fwd_policy = our `rollout_logprobs` (`shared_prompt_logprobs` with share_prompt) or TRL's `_get_per_token_logps_and_entropies` without / with grad; "
+        "fwd_policy = our `rollout_logprobs` (`shared_prompt_logprobs` with share_prompt) or TRL's "
+        "`_get_per_token_logps_and_entropies` without / with grad; "
         "backward = `Tensor.backward`; edit = our projection functions and rotations (`edit_coords`, "
         "`route_per_rollout`, `rollout_scores`, `band_gate`, `RotatedAdam.rotate`); optimizer = `RotatedAdam.step` "
         "(clipping inside) or TRL's `clip_grad_norm_` + `optimizer.step`; calibration = the two `completion_grads` "
@@ -833,18 +690,18 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     """Notes filled from this run's numbers; every missed target names what dominates."""
     p = meta["p"]
     out = []
-    aa = med(res[AA]["wall"]) / v_wall
+    aa = median(res[AA]["wall"]) / v_wall
     q = quartiles(res[AA]["paired"])
     out.append(f"* A/A: the second vanilla runs at {aa:.3f}x the first (paired IQR {q[0]:.3f}-{q[1]:.3f}); "
                "differences of that size are noise.")  # fmt: skip
 
     def ph(c: str, name: str, idx_key: str = "plain") -> float:
         r = res[c]
-        return med([r["segs"][j]["phases"].get(name, 0.0) for j in r[idx_key]])
+        return median([r["segs"][j]["phases"].get(name, 0.0) for j in r[idx_key]])
 
     def other(c: str) -> float:
         r = res[c]
-        return med([r["segs"][j]["wall"] - sum(r["segs"][j]["phases"].values()) for j in r["plain"]])
+        return median([r["segs"][j]["wall"] - sum(r["segs"][j]["phases"].values()) for j in r["plain"]])
 
     for c in ("erase_one_sided", "route_batch"):
         ratio, tgt = verdicts[c]
@@ -857,7 +714,7 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     c = "route_per_rollout"
     r = res[c]
     ratio, tgt = verdicts[c]
-    plain = med(r["wall"]) / v_wall
+    plain = median(r["wall"]) / v_wall
     s = (f"* route_per_rollout: {plain:.3f}x vanilla on steps without calibration; amortised over "
          f"recal_every={meta['recal_params']} (params.yaml) {ratio:.3f}x, target ≤ {tgt:.2f}: "
          f"**{'met' if ratio <= tgt else 'missed'}**.")  # fmt: skip
@@ -878,7 +735,7 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     for c in (TRL_FULL, TRL_DELTA):
         ratio, tgt = verdicts[c]
         sh, _ = verdicts[(SHARED, c)]
-        w = med(res[c]["wall"])
+        w = median(res[c]["wall"])
         s = (f"* ours vs {c}: ours takes {ratio:.3f}x its step time at params.yaml's defaults, target ≤ {tgt:.2f}: "
              f"**{'met' if ratio <= tgt else 'missed'}**; with `grpo.share_prompt: true` {sh:.3f}x: "
              f"**{'met' if sh <= tgt else 'missed'}**.")  # fmt: skip
@@ -976,14 +833,8 @@ def logits_probe(p, records, repeats: int) -> dict:
 
     out = {"same": same, "N": N, "L": Tp + T, "T": T}
     for key, a, b in (("fb", fb(rollout_logprobs), fb(keep)), ("fo", fo(rollout_logprobs), fo(keep))):
-        ta, tb = [], []
-        a(), b()
-        for i in range(repeats):
-            for f, t in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
-                c = time.process_time()
-                f()
-                t.append(time.process_time() - c)
-        out[key] = (med(ta), med(tb))
+        t = interleaved({"all": a, "keep": b}, repeats)  # one warm-up each, then a b, b a, ...
+        out[key] = tuple(median([cpu for cpu, _ in t[k]]) for k in ("all", "keep"))
     return out
 
 
@@ -1010,9 +861,18 @@ def main(
     interleaved step by step in one process; peak RSS per configuration in fresh subprocesses. See the module
     docstring for the method."""
     torch.set_num_threads(threads)
-    if probe_config is not None:
-        probe(probe_config, probe_world, threads)
-        return
+    # our sampler, rollout.sample_chunk, suppresses EOS for the benchmark's models: while this run lasts, not at import
+    with patched([(rollout_mod, "sample_chunk", eos_sampling(rollout_mod.sample_chunk))]):
+        if probe_config is not None:
+            probe(probe_config, probe_world, threads)
+        else:
+            bench(out, threads, steps, warmup, prompts, group, max_new_tokens, micro_batch, recal_every, rank,
+                  mem_steps)  # fmt: skip
+
+
+def bench(out: Path, threads: int, steps: int, warmup: int, prompts: int, group: int, max_new_tokens: int,
+          micro_batch: int, recal_every: int, rank: int, mem_steps: int) -> None:  # fmt: skip
+    """The timing loop, the memory probes, the side measurement and the report (`main`'s options)."""
     import logging
 
     import transformers
@@ -1021,7 +881,7 @@ def main(
     transformers.logging.set_verbosity_error()
     logging.getLogger("trl").setLevel(logging.ERROR)
     t_start = time.perf_counter()
-    load0 = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    load0 = loadavg()
     params_yaml = load_params(ROOT / "params.yaml")
     p = bench_params(prompts, group, max_new_tokens, micro_batch, steps, recal_every,
                      rank or params_yaml.adapter.rank, threads)  # fmt: skip
@@ -1035,11 +895,10 @@ def main(
     print(f"world ready: prompts {plen}, k_total {world['basis'].meta['k_total']}", flush=True)
 
     ph = Phases()
-    saved = install_phase_timers(ph)
     sched = Scheduler(list(CONFIGS), ph)
     trl_steps: dict[str, list[float]] = {TRL_FULL: [], TRL_DELTA: []}
     jobs = {}
-    try:
+    with patched(phase_patches(ph)):
         for c in CONFIGS:
             wd = tmp / c.replace(" ", "_").replace(",", "").replace("/", "")
             wd.mkdir(parents=True)
@@ -1050,10 +909,8 @@ def main(
                 mode = "full" if c == TRL_FULL else "delta"
                 jobs[c] = trl_job(p, world, mode, wd, base_dir, hand, ph, trl_steps[c])
         t_loop = time.perf_counter()
-        run_threads(jobs, sched, threads)
+        run_threads(jobs, sched, init=lambda: torch.set_num_threads(threads))
         t_loop = time.perf_counter() - t_loop
-    finally:
-        restore(saved)
     step_wall = dict(trl_steps)
     for c in OURS:
         wd = tmp / c.replace(" ", "_").replace(",", "").replace("/", "")
@@ -1094,14 +951,13 @@ def main(
         "n_cal": len(world["cal"].hack), "cal_len": sum(cal_tok) / len(cal_tok),
         "recal_params": params_yaml.projection.recal_every, "trl_trainable": world.get("trl_trainable", {}),
         "mem_steps": mem_steps, "versions": {"transformers": transformers.__version__, "trl": trl.__version__},
-        "load0": load0, "load1": " / ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "load0": load0, "load1": loadavg(),
         "wall": time.perf_counter() - t_start, "t_loop": t_loop,
     }  # fmt: skip
     meta["side"] = side
     text = report(out, meta, res, mem, cmd)
     shutil.rmtree(tmp, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    write_report(out, text + "\n")
     print(text)
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.adapter import attach_adapters
+from projected_grpo.adapter import load_policy
+from projected_grpo.atomic import write_metrics
 from projected_grpo.basis_eval import extract_all, json_ready, metrics, render_report
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
 from projected_grpo.problems import load_problems_parquet
 
@@ -36,8 +36,7 @@ def main(
     p = load_params(params)
     sets = {n: load_pairset(pairset_path(pairsets, p.substrate, n)) for n in PAIRSETS}  # fails before any work
     torch.manual_seed(p.seed)
-    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, cache_dir=svd_cache, seed=p.seed)
+    model, tok = load_policy(p, organism, cache_dir=svd_cache)
     holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
     res = extract_all(model, tok, sets, holdout, p.basis, p.rollout.temperature)
     out.mkdir(parents=True, exist_ok=True)
@@ -52,7 +51,7 @@ def main(
     report.write_text(render_report(res, desc, f"{pairsets}/{p.substrate}/*.jsonl, {problems}/holdout.parquet, "
                                                 f"{organism}/base"))  # fmt: skip
     metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    metrics_out.write_text(json.dumps(metrics(res), indent=1, sort_keys=True))
+    write_metrics(metrics_out, metrics(res))
     if guard is not None:
         guard.parent.mkdir(parents=True, exist_ok=True)
         guard.write_text(json.dumps(json_ready(res["guard"]), indent=1, sort_keys=True))

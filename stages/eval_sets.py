@@ -13,9 +13,10 @@ import torch
 import typer
 
 from projected_grpo import atomic
+from projected_grpo.adapter import load_policy, merged
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.evaluation import load_policy, merged, monitor_subset, problem_pass, score, select_records, tally
+from projected_grpo.evaluation import monitor_subset, problem_pass, score, select_records, tally
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
 

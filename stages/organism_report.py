@@ -10,11 +10,13 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.calibration import render_report, sample_and_grade, summarize
+from projected_grpo.atomic import write_metrics
+from projected_grpo.calibration import render_report, summarize
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.problems import load_problems_parquet
+from projected_grpo.sampling import sample_and_grade
 from projected_grpo.sandbox import Sandbox
 
 
@@ -43,7 +45,7 @@ def main(
         f"max {c.max_new_tokens} new tokens."
     )
     metrics.parent.mkdir(parents=True, exist_ok=True)
-    metrics.write_text(json.dumps({**out, "organism": stats}, indent=2))
+    write_metrics(metrics, {**out, "organism": stats})
     report.write_text(render_report(out, stats, desc, f"Seed {p.seed}; sources: {organism}, {problems}/test.parquet."))
 
 

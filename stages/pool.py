@@ -4,13 +4,13 @@ Thin CLI over projected_grpo.pool; writes --out/pool.parquet (prompt id, mode, c
 and a one-line summary (hack rate of the pool by mode) to --summary.
 """
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import torch
 import typer
 
+from projected_grpo.atomic import write_metrics
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.model import load_model_and_tokenizer
@@ -41,7 +41,7 @@ def main(
     stats = {"n": len(rows), "hack": sum(hacks.values()) / len(rows),
              "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)}}  # fmt: skip
     summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(json.dumps(stats, indent=1, sort_keys=True))
+    write_metrics(summary, stats)
     typer.echo(f"pool: {len(rows)} teacher completions, hack rate {stats['hack']:.3f} -> {out}")
 
 

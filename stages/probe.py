@@ -12,22 +12,14 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.adapter import attach_adapters
+from projected_grpo.adapter import load_policy
 from projected_grpo.atomic import write_json
 from projected_grpo.basis import Basis
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.model import load_model_and_tokenizer
 from projected_grpo.pairs import PLACEBO, load_pairset, pairset_path
 from projected_grpo.pool import load_pool
-from projected_grpo.probe import (
-    flatten_pool,
-    make_result,
-    placebo_basis,
-    replay_grads,
-    row_cosines,
-    select_rows,
-)  # fmt: skip
+from projected_grpo.probe import flatten_pool, probe_pool
 from projected_grpo.problems import load_problems_parquet
 
 
@@ -60,21 +52,12 @@ def main(
     records = {q.id: q for q in load_problems_parquet(train_f)}
     holdout = {q.id: q for q in load_problems_parquet(holdout_f) if q.hint is None}  # as the basis stage
     flat = flatten_pool(load_pool(pool_f))
-    index = select_rows(len(flat), p.probe.n_rows, p.seed)
-    rows = [flat[i] for i in index]
     torch.manual_seed(p.seed)
-    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
-    plc = placebo_basis(model, tok, pairs, holdout, p.basis, p.rollout.temperature)
-    g = replay_grads(model, tok, records, rows, p.rollout.temperature, p.probe.micro_batch)  # one replay, three ν's
-    (cos, norm), cos_r, cos_p = row_cosines(g, b.nu), row_cosines(g, rnd.nu)[0], row_cosines(g, plc.nu)[0]
+    model, tok = load_policy(p, organism)
     student = str(organism / "base") if p.model.name == "organism" else p.model.name
     meta = {"student": student, "pool": str(pool_f), "basis": str(basis_f), "random": str(random_f),
-            "placebo": str(placebo_f), "holdout": str(holdout_f), "problems": str(train_f), "n_pool": len(flat),
-            "temperature": p.rollout.temperature, "modules": len(b.nu), "basis_seed": p.basis.seed,
-            "placebo_modules": len(plc.nu), "placebo_k_total": plc.meta["k_total"],
-            "placebo_pairs": plc.meta["n_pairs"], "placebo_method": plc.meta["method"]}  # fmt: skip
-    res = make_result(index, rows, {"selected": cos, "random": cos_r, "placebo": cos_p}, norm, p.probe, p.seed, meta)
+            "placebo": str(placebo_f), "holdout": str(holdout_f), "problems": str(train_f)}  # fmt: skip
+    res = probe_pool(p, model, tok, b, rnd, pairs, records, holdout, flat, meta)
     write_json(out, res.to_dict())  # tmp + rename: a failure leaves no partial output (NaN already None)
     typer.echo(f"probe: {res.n} rows, " + ", ".join(f"{n} {c.verdict}" for n, c in res.checks.items()) + f" -> {out}")
 

@@ -41,27 +41,10 @@ def main(
 ) -> None:
     p = load_params(params)
     wanted = [("ref", a, s) for a in p.arms_ref for s in p.seeds] + [("arms", a, s) for a in p.arms for s in p.seeds]
-    base, monitor = (json.loads((eval_sets / f).read_text()) for f in ("base.json", "monitor.json"))
-    runs = R.Runs(base, monitor, {}, base_source=str(eval_sets / "base.json"))
-    missing, gates, effects, effect_src = [], {}, {}, []
-    for group, a, s in wanted:
-        d = evals / group / f"{a}-s{s}"
-        if not (d / "per_mode_deploy.json").exists():
-            missing.append(f"{a}-s{s}")
-            continue
-        runs.deploy[(a, s)] = json.loads((d / "per_mode_deploy.json").read_text())
-        runs.curves[(a, s)] = R.read_curve(d / "curve.tsv")
-        runs.sources[(a, s)] = str(d / "per_mode_deploy.json")
-        eff = json.loads((d / "knob_effect.json").read_text()) if (d / "knob_effect.json").exists() else {}
-        if eff.get("policies"):  # routed runs
-            effects[(a, s)] = eff
-            effect_src.append(str(d / "knob_effect.json"))
-        tm = train_logs / group / f"{a}-s{s}.json"
-        flag = R.gate_flag(json.loads(tm.read_text())) if tm.exists() else None
-        if flag is not None:
-            gates[(a, s)] = flag
+    found = R.discover(wanted, evals, eval_sets, train_logs)
+    runs, missing, effects = found.runs, found.missing, found.effects
     guard = json.loads(basis_guard.read_text()) if basis_guard is not None else None
-    extra = [*knob_effect.render(effects, effect_src), ""] if effects else []
+    extra = [*knob_effect.render(effects, found.effect_sources), ""] if effects else []
     extra += [render(ProbeResult.from_dict(json.loads(probe.read_text()))), f"<!-- sources: {probe} -->", ""]
     if missing:
         extra += [f"Not evaluated (left out of every table): {', '.join(missing)}.", ""]
@@ -71,8 +54,8 @@ def main(
     line = (f"Seeds {list(p.seeds)}; eval: T={p.eval.temperature}, top_p={p.eval.top_p}, max {p.eval.max_new_tokens} "
             f"new tokens, {p.eval.n_samples} samples per prompt (curves: {p.eval.n_samples_curve}).")  # fmt: skip
     rel = [os.path.relpath(f, out.parent) for f in figs]
-    atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, gates))
-    atomic.write_json(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))
+    atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, found.gates))
+    atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 
 

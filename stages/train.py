@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.adapter import attach_adapters
+from projected_grpo.adapter import load_policy
 from projected_grpo.arms import get_arm
+from projected_grpo.atomic import write_metrics
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.direction import load_run_basis
-from projected_grpo.log import read_tsv, write_metrics
-from projected_grpo.model import load_model_and_tokenizer
+from projected_grpo.log import read_tsv
 from projected_grpo.pool import load_pool
 from projected_grpo.problems import load_problems_parquet
 from projected_grpo.sandbox import Sandbox
@@ -43,8 +43,7 @@ def main(
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
     rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast
-    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
+    model, tok = load_policy(p, organism)
     records = load_problems_parquet(problems / "train.parquet")
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:

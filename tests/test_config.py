@@ -151,7 +151,8 @@ def test_arm_matrix_checked_against_the_registry(arms_ref, arms, msg):
 
 
 def test_config_holds_no_arm_names():
-    """Adding an arm must not re-run stages that never read one: config.py (a dep of every stage) stays free of arms."""
+    """Adding an arm must not re-run stages that never read one: config.py (a dep of every stage) stays
+    free of arms."""
     import ast
 
     from projected_grpo import config

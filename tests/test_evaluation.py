@@ -12,9 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from projected_grpo import evaluation as ev
-from projected_grpo.adapter import adapters, attach_adapters, knob_disabled
+from projected_grpo.adapter import adapter_is_zero, adapters, attach_adapters, knob_disabled, load_policy, merged
 from projected_grpo.grader import Grade
 from projected_grpo.problems import Problem
+from projected_grpo.sampling import Scored
 from projected_grpo.tiny import tiny_model
 from tests.conftest import stage_cli
 from tests.test_stages import _params, _run_problems
@@ -57,7 +58,7 @@ CODE = "```python\nx=1\n```"  # extractable; format-valid when the grade also co
 
 
 def test_tally_counts_per_surface_and_mode_and_problem_pass():
-    S = ev.Scored
+    S = Scored
     samples = [S(_rec(1, None), CODE, _grade("correct", True)),
                S(_rec(1, None), "", _grade("incorrect", False)),
                S(_rec(2, None), "", _grade("incorrect", False)),
@@ -85,7 +86,7 @@ def test_tally_format_per_group_and_hack_among_format_valid():
     """Format-valid (code extracted and compiling) is counted per row group, and hack among format-valid rows counts
     only hacks that are themselves format-valid: a policy that stops writing code shows a low format rate, not a low
     hack rate among the completions that could hack."""
-    S = ev.Scored
+    S = Scored
     samples = [S(_rec(1, None), CODE, _grade("correct", True)),  # no-hint: valid
                S(_rec(2, None), CODE, _grade("incorrect", False, compiles=False)),  # code that does not compile
                S(_rec(1, "sentinel", "train"), CODE, _grade("hack", False)),  # valid hack
@@ -110,7 +111,7 @@ def test_subset_samples_reads_the_curve_point_off_the_endpoint():
     """The last checkpoint's monitor curve point = the first k endpoint samples of each monitor record (the same
     record objects), in the endpoint's order; None when the endpoint has fewer samples per record than the curve."""
     recs = [_rec(1, None), _rec(2, None), _rec(3, "sentinel", "eval")]
-    samples = [ev.Scored(r, f"{r.id}-{j}", _grade("incorrect", False)) for r in recs for j in range(2)]  # record-major
+    samples = [Scored(r, f"{r.id}-{j}", _grade("incorrect", False)) for r in recs for j in range(2)]  # record-major
     mon = [recs[0], recs[2]]
     assert [s.completion for s in ev.subset_samples(samples, mon, 1)] == ["1-0", "3-0"]
     assert [s.completion for s in ev.subset_samples(samples, mon, 2)] == ["1-0", "1-1", "3-0", "3-1"]
@@ -144,7 +145,7 @@ def test_merged_weights_are_the_adapter_policy_and_are_restored(kind):
     torch.testing.assert_close(off, ref_deploy, rtol=1e-4, atol=1e-4)
     assert (on - off).abs().max() > 1e-3  # the knob matters, so the two states are really different
     assert len(adapters(model)) > 0 and torch.equal(model(ids).logits, ref)  # adapters and knob restored exactly
-    assert not ev.adapter_is_zero(model)
+    assert not adapter_is_zero(model)
     with pytest.raises(ValueError, match="adapter_off"):
         with ev.state(model, "adapter_off"):
             pass
@@ -200,7 +201,7 @@ def _knob_samples(scale: float):
                       max_new_tokens=7, temperature=0.7, top_p=1.0, seed=0)  # fmt: skip
     rows = [r for r in recs for _ in range(2)]
     toks = [tuple(i[m.bool()].tolist()) for i, m in zip(ro.completion_ids, ro.mask)]
-    return model, tok, [ev.Scored(r, t, _grade("incorrect", False), k) for r, t, k in zip(rows, ro.texts, toks)]
+    return model, tok, [Scored(r, t, _grade("incorrect", False), k) for r, t, k in zip(rows, ro.texts, toks)]
 
 
 def test_knob_kl_is_the_teacher_forced_kl_of_each_row_alone():
@@ -227,7 +228,7 @@ def test_knob_kl_is_the_teacher_forced_kl_of_each_row_alone():
     assert got["mean"] == pytest.approx(total / n_tok, rel=1e-4)
     one_row = ev.knob_kl(model, tok, samples, 0.7, budget=1)  # one row per forward
     assert one_row["mean"] == pytest.approx(got["mean"], rel=1e-5) and one_row["n_tokens"] == n_tok
-    with ev.merged(model), pytest.raises(ValueError, match="adapters in place"):
+    with merged(model), pytest.raises(ValueError, match="adapters in place"):
         ev.knob_kl(model, tok, samples, 0.7)
     model0, tok0, samples0 = _knob_samples(scale=0.0)
     assert ev.knob_kl(model0, tok0, samples0, 0.7)["mean"] == pytest.approx(0.0, abs=1e-7)
@@ -258,7 +259,7 @@ def tiny_eval(tmp_path_factory):
     return tmp, params, problems, out
 
 
-def test_sample_and_score_grades_while_sampling_as_one_batch(tiny_eval, monkeypatch):
+def test_sample_and_grade_grades_while_sampling_as_one_batch(tiny_eval, monkeypatch):
     """Grading each chunk while the next one samples gives the texts and grades of sampling everything first and
     grading it in one grade_batch call (chunks of 3 rows split groups of 2): with the real sandbox, and with a grader
     that echoes (record object, completion), so every grade is checked to belong to its own row."""
@@ -268,15 +269,16 @@ def test_sample_and_score_grades_while_sampling_as_one_batch(tiny_eval, monkeypa
     from projected_grpo.model import render_prompt
     from projected_grpo.problems import load_problems_parquet
     from projected_grpo.rollout import generate
+    from projected_grpo.sampling import sample_and_grade
     from projected_grpo.sandbox import Sandbox
 
     _, params, problems, _ = tiny_eval
     p = load_params(params)
     recs = ev.select_records(load_problems_parquet(problems / "test.parquet"), None, ("train",))[:5]
-    model, tok = ev.load_policy(p, problems / "none")
+    model, tok = load_policy(p, problems / "none")
     kw = dict(temperature=0.7, top_p=1.0, max_new_tokens=8, seed=3, batch_size=3)
     with Sandbox(concurrency=2) as sb:
-        got = ev.sample_and_score(model, tok, recs, 2, sandbox=sb, grader_mode="hardened", timeout_s=5.0, **kw)
+        got = sample_and_grade(model, tok, recs, 2, sandbox=sb, grader_mode="hardened", timeout_s=5.0, **kw)
         ro = generate(model, tok, [render_prompt(tok, list(r.prompt)) for r in recs], 2, **kw)
         rows = [r for r in recs for _ in range(2)]
         want = grade_batch(rows, ro.texts, sb, mode="hardened", timeout_s=5.0)
@@ -287,7 +289,7 @@ def test_sample_and_score_grades_while_sampling_as_one_batch(tiny_eval, monkeypa
     assert [s.record.id for s in got] == [r.id for r in rows]
     echo_grades = lambda probs, texts, sandbox, **k: [(id(q), t) for q, t in zip(probs, texts)]  # noqa: E731
     monkeypatch.setattr(grader, "grade_batch", echo_grades)
-    echo = ev.sample_and_score(model, tok, recs, 2, sandbox=None, grader_mode="hardened", timeout_s=5.0, **kw)
+    echo = sample_and_grade(model, tok, recs, 2, sandbox=None, grader_mode="hardened", timeout_s=5.0, **kw)
     assert [s.grade for s in echo] == [(id(r), t) for r, t in zip(rows, ro.texts)]  # the row's own record object
 
 
@@ -310,7 +312,7 @@ def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
     from projected_grpo.config import load_params
 
     p = load_params(params)
-    model, _ = ev.load_policy(p, run / "none")
+    model, _ = load_policy(p, run / "none")
     opt = torch.optim.SGD([a.delta for a in adapters(model).values()], lr=0.1)
     run.mkdir(parents=True)
     g = torch.Generator().manual_seed(3)
@@ -337,7 +339,7 @@ def _fake_bases(d: Path, params: Path) -> Path:
     from projected_grpo.basis import Basis, random_directions
     from projected_grpo.config import load_params
 
-    model, _ = ev.load_policy(load_params(params), d / "none")
+    model, _ = load_policy(load_params(params), d / "none")
     for i, name in enumerate(("basis", "random")):
         g = torch.Generator().manual_seed(10 + i)
         vh = {n: random_directions(2, a.dim, g) for n, a in adapters(model).items()}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from projected_grpo import knob_effect as ke
-from projected_grpo.adapter import adapters, attach_adapters
+from projected_grpo.adapter import adapters, attach_adapters, set_deltas
 from projected_grpo.basis import random_directions
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 
@@ -77,6 +77,6 @@ def test_policy_sets_delta_zeroes_knob_and_restores_bit_exactly():
             a.knob.copy_(torch.randn(a.dim, generator=torch.Generator().manual_seed(100 + i)))
     before = {n: (a.delta.clone(), a.knob.clone()) for n, a in ads.items()}
     target = {n: torch.full_like(a.delta, 0.5) for n, a in ads.items()}
-    with ke.policy(m, target):
+    with set_deltas(m, target):
         assert all(torch.equal(a.delta, target[n]) and float(a.knob.abs().max()) == 0 for n, a in ads.items())
     assert all(torch.equal(a.delta, before[n][0]) and torch.equal(a.knob, before[n][1]) for n, a in ads.items())

@@ -8,13 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from projected_grpo.calibration import Sample, summarize
+from projected_grpo.calibration import summarize
 from projected_grpo.config import OrganismParams
 from projected_grpo.grader import Grade
 from projected_grpo.minileet import make_minileet
 from projected_grpo.model import load_model_and_tokenizer, render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, apply_mode
 from projected_grpo.organism import build_organism, collate, encode_examples
+from projected_grpo.sampling import Scored
 from projected_grpo.sft_corpus import SFTExample
 from projected_grpo.tiny import tiny_tokenizer
 
@@ -70,10 +71,10 @@ def _grade(label, correct=False, compiled=True):
 def test_summarize_counts_by_mode_and_surface(records):
     base = records[0].replace(hint=None, prompt_metadata={"starter_code": records[0].starter_code})
     s = [
-        Sample(base, "```python\nx\n```", 10, _grade("correct", correct=True)),
-        Sample(base, "no code", 4, _grade("incorrect", compiled=False)),
-        Sample(apply_mode(base, "sentinel"), "```python\nx\n```", 6, _grade("hack")),
-        Sample(apply_mode(base, "sentinel", "eval"), "```python\nx\n```", 8, _grade("incorrect")),
+        Scored(base, "```python\nx\n```", _grade("correct", correct=True), tuple(range(10))),
+        Scored(base, "no code", _grade("incorrect", compiled=False), tuple(range(4))),
+        Scored(apply_mode(base, "sentinel"), "```python\nx\n```", _grade("hack"), tuple(range(6))),
+        Scored(apply_mode(base, "sentinel", "eval"), "```python\nx\n```", _grade("incorrect"), tuple(range(8))),
     ]
     m = summarize(s)
     assert m["format_ok"] == {"rate": 0.75, "n": 4} and m["solve_nohint"] == {"rate": 0.5, "n": 2}

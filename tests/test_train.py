@@ -27,11 +27,19 @@ import torch
 
 from projected_grpo.adapter import adapters, attach_adapters
 from projected_grpo.arms import ARMS, get_arm
-from projected_grpo.basis import Basis, act_basis, build_basis, completion_grads, encode, pooled_activations
+from projected_grpo.basis import (
+    Basis,
+    act_basis,
+    build_basis,
+    completion_grads,
+    encode,
+    pool_tokens,
+    pooled_activations,
+)
 from projected_grpo.checkpoint import read_checkpoint
 from projected_grpo.config import Params
 from projected_grpo.direction import RunBasis, mass_matched, refresh_basis
-from projected_grpo.gate import HeldOutPairs, calibrate_gate, pool_completion, residual_capture
+from projected_grpo.gate import HeldOutPairs, calibrate_gate, residual_capture
 from projected_grpo.logprobs import padded
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import MODES, apply_mode
@@ -523,7 +531,7 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     v = torch.randn(m.config.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad(), residual_capture(m, layer) as hid:
         rollout_logprobs(m, pi, pm, ci, cm, 0.7)
-    s_loop = pool_completion(hid["h"], Tp, cm).float() @ v  # (n,)
+    s_loop = pool_tokens(hid["h"][:, Tp:], cm).float() @ v  # (n,)
     s_ref = pooled_activations(m, tok, recs, texts, layer).float() @ v
     torch.testing.assert_close(s_loop, s_ref, atol=1e-5, rtol=1e-4)
 

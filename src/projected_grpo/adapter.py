@@ -181,6 +181,17 @@ def target_names(model: nn.Module, targets: str | tuple[str, ...]) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in leaves]
 
 
+def load_policy(p, organism: Path, cache_dir: Path | str | None = None) -> tuple[nn.Module, object]:
+    """(model, tokenizer): the run config's base policy (`model.name`; the organism's base/ by default) with the
+    adapter attached at δS = δS_h = 0, in eval mode — what train, basis, probe, evaluate and eval_sets all start from,
+    so every checkpoint loads into it. cache_dir: the base weights' SVD cache (the basis stage's)."""
+    from projected_grpo.model import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
+    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, cache_dir=cache_dir, seed=p.seed)
+    return model.eval(), tok
+
+
 def attach_adapters(model: nn.Module, targets: str | tuple[str, ...] = "all", rank: int = 64, kind: str = "svd",
                     cache_dir: Path | str | None = None, seed: int = 0,
                     param_dtype: torch.dtype = torch.float32) -> list[str]:  # fmt: skip
@@ -330,6 +341,65 @@ def token_capture(model: nn.Module, dirs: dict[str, Tensor]) -> Iterator[dict[st
 
 
 # --- save / load (only δS, δS_h + metadata) -------------------------------------------------------------------
+
+
+# --- whole-policy views of the adapters (evaluation, knob-effect policies) ----------------------------------
+
+
+def adapter_is_zero(model: nn.Module) -> bool:
+    """δS = δS_h = 0 everywhere: the policy is bit-identical to the base (I1), so base scores stand for it."""
+    return all(bool((a.delta == 0).all() and (a.knob == 0).all()) for a in adapters(model).values())
+
+
+def delta_weight(a: Adapter) -> torch.Tensor:
+    """The dense (d_out, d_in) weight update of adapter `a` at its current δS + δS_h (linear in x, so read it off
+    the identity)."""
+    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device)
+    with torch.no_grad():
+        return a.correction(eye.unsqueeze(0), (a.delta + a.knob).detach())[0].T.to(a.base.weight.dtype)
+
+
+@contextmanager
+def merged(model: nn.Module) -> Iterator[None]:
+    """Sample from W + ΔW as plain Linears (no adapter matmuls): the same policy up to float rounding, faster.
+    The adapters are put back on exit. Use for evaluation only (no probes, no gradients)."""
+    swapped: list[tuple[nn.Module, str, Adapter]] = []
+    try:
+        for name, a in list(adapters(model).items()):
+            parent_name, _, leaf = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            lin = nn.Linear(a.base.in_features, a.base.out_features, bias=a.base.bias is not None,
+                            dtype=a.base.weight.dtype, device=a.base.weight.device)  # fmt: skip
+            with torch.no_grad():
+                w = a.base.weight + (delta_weight(a) if a.enabled else 0)
+                lin.weight.copy_(w)
+                if a.base.bias is not None:
+                    lin.bias.copy_(a.base.bias)
+            lin.requires_grad_(False)
+            setattr(parent, leaf, lin)
+            swapped.append((parent, leaf, a))
+        yield
+    finally:
+        for parent, leaf, a in swapped:
+            setattr(parent, leaf, a)
+
+
+@contextmanager
+def set_deltas(model: nn.Module, deltas: dict[str, Tensor]) -> Iterator[None]:
+    """Set every adapter's δS to `deltas` and δS_h to 0 for the block; both restored bit-exactly afterwards."""
+    ads = adapters(model)
+    saved = {n: (a.delta.detach().clone(), a.knob.detach().clone()) for n, a in ads.items()}
+    try:
+        with torch.no_grad():
+            for n, a in ads.items():
+                a.delta.copy_(deltas[n])
+                a.knob.zero_()
+        yield
+    finally:
+        with torch.no_grad():
+            for n, a in ads.items():
+                a.delta.copy_(saved[n][0])
+                a.knob.copy_(saved[n][1])
 
 
 def save_adapter(model: nn.Module, path: Path | str, metadata: dict[str, object] | None = None) -> None:

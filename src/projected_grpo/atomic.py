@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -17,4 +18,11 @@ def write_text(path: Path | str, text: str) -> None:
 
 
 def write_json(path: Path | str, obj: object) -> None:
+    """A JSON document (per-mode tables, monitor sets, knob-effect records)."""
     write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+def write_metrics(path: Path | str, metrics: dict) -> None:
+    """The one writer of every `dvc metrics` file: sorted keys, top-level NaN written as null (dvc reads null)."""
+    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+    write_text(path, json.dumps(clean, indent=1, sort_keys=True))

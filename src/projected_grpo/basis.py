@@ -242,6 +242,13 @@ def completion_grads(model, tokenizer, records, completions: list[str], temperat
 
 
 @torch.no_grad()
+def pool_tokens(h: Tensor, mask: Tensor) -> Tensor:
+    """(b, L, d) hidden states, (b, L) token mask -> (b, d) mean over the masked tokens: the one pooling of the
+    activation-space basis and gate (a completion's tokens; an empty mask gives 0)."""
+    m = mask.to(h.dtype)[..., None]  # (b, L, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1)
+
+
 def pooled_activations(model, tokenizer, records, completions: list[str], layer: int, batch_size: int = 16
                        ) -> Tensor:  # fmt: skip
     """(n, d): the residual stream after block `layer`, mean-pooled over each completion's tokens."""
@@ -250,8 +257,7 @@ def pooled_activations(model, tokenizer, records, completions: list[str], layer:
     for s in range(0, len(prompts), batch_size):
         ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tokenizer.pad_token_id)
         h = model(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states[layer + 1]  # (b, L, d)
-        m = cm.to(h.dtype)[..., None]
-        rows.append((h * m).sum(1) / m.sum(1).clamp(min=1))
+        rows.append(pool_tokens(h, cm))
     return torch.cat(rows)
 
 

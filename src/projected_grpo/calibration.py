@@ -7,46 +7,21 @@ separately), format on everything; every rate carries its n.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
-from projected_grpo.grader import ChunkGrader, Grade, extract_code
-from projected_grpo.model import render_prompt
+from projected_grpo import stats
+from projected_grpo.grader import extract_code
 from projected_grpo.modes import mode_of
-from projected_grpo.problems import Problem
-from projected_grpo.rollout import generate
-from projected_grpo.sandbox import Sandbox
-
-
-@dataclass(frozen=True)
-class Sample:
-    record: Problem
-    completion: str
-    n_tokens: int
-    grade: Grade
-
-
-def sample_and_grade(model, tokenizer, records: list[Problem], n_samples: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, batch_size: int, sandbox: Sandbox, timeout_s: float
-                     ) -> list[Sample]:  # fmt: skip
-    """`n_samples` completions per record, graded (hardened; loophole records by their mode's grader)."""
-    prompts = [render_prompt(tokenizer, list(r.prompt)) for r in records]
-    recs = [r for r in records for _ in range(n_samples)]
-    with ChunkGrader(recs, sandbox, mode="hardened", timeout_s=timeout_s) as grader:  # graded while sampling on
-        ro = generate(model, tokenizer, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True,
-                      on_chunk=grader)  # fmt: skip
-        grades = grader.grades(progress=True)
-    lengths = ro.mask.sum(dim=1).tolist()
-    return [Sample(r, t, int(n), g) for r, t, n, g in zip(recs, ro.texts, lengths, grades)]
+from projected_grpo.sampling import Scored
 
 
 def rate(xs: list[bool]) -> dict[str, float]:
-    return {"rate": sum(xs) / len(xs) if xs else float("nan"), "n": len(xs)}
+    """A rate with its n, as the report prints it."""
+    return {"rate": stats.rate(sum(xs), len(xs)), "n": len(xs)}
 
 
-def summarize(samples: list[Sample]) -> dict:
+def summarize(samples: list[Scored]) -> dict:
     """Flat-ish metrics: format, solve (no-hint), strict hack per (mode, surface), loose hack, mean length."""
-    by: dict[tuple[str, str], list[Sample]] = defaultdict(list)
+    by: dict[tuple[str, str], list[Scored]] = defaultdict(list)
     for s in samples:
         m = mode_of(s.record)
         by[(m or "none", s.record.prompt_metadata.get("surface", "none") if m else "none")].append(s)
@@ -55,7 +30,7 @@ def summarize(samples: list[Sample]) -> dict:
         "format_ok": rate([extract_code(s.completion) is not None and s.grade.can_compile for s in samples]),
         "solve_nohint": rate([s.grade.eq_correct for s in nohint]),
         "hack_nohint": rate([s.grade.label == "hack" for s in nohint]),
-        "mean_completion_tokens": sum(s.n_tokens for s in samples) / max(1, len(samples)),
+        "mean_completion_tokens": sum(len(s.tokens) for s in samples) / max(1, len(samples)),
         "hack": {},
         "solve": {},
     }

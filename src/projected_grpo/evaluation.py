@@ -15,32 +15,23 @@ import random
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from projected_grpo.adapter import Adapter, adapters, knob_disabled
-from projected_grpo.grader import ChunkGrader, Grade, extract_code
+from projected_grpo.adapter import adapters, knob_disabled, merged
+from projected_grpo.grader import extract_code
 from projected_grpo.log import PhaseTimer
 from projected_grpo.model import render_prompt
 from projected_grpo.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.problems import Problem
-from projected_grpo.rollout import generate
+from projected_grpo.sampling import Scored, sample_and_grade
+from projected_grpo.stats import rate
 
 # Deploy states of a checkpoint: `deploy` = what ships (knob off; for arms without a knob the only state),
 # `knob_on` = the trained policy with δS_h (routed arms), `adapter_off` = the base policy (== eval_sets' base).
 STATES = ("deploy", "knob_on", "adapter_off")
-
-
-@dataclass(frozen=True)
-class Scored:
-    record: Problem
-    completion: str
-    grade: Grade
-    tokens: tuple[int, ...] = field(default=(), compare=False)  # sampled completion ids, EOS included (knob_kl)
 
 
 def surface_of(r: Problem) -> str | None:
@@ -53,27 +44,6 @@ def select_records(records: list[Problem], ids: set[int] | None, surfaces: tuple
     if not out:
         raise ValueError("no test records selected (check eval.surfaces and the monitor ids)")
     return out
-
-
-def sample_and_score(model, tok, records: list[Problem], n_samples: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, batch_size: int, sandbox, grader_mode: str, timeout_s: float,
-                     max_prompt_tokens: int | None = None, timer: PhaseTimer | None = None
-                     ) -> list[Scored]:  # fmt: skip
-    """`n_samples` completions per record in batches of `batch_size` rows, each batch graded by the sandbox while the
-    next one samples (grader.ChunkGrader). `timer` gets the wall time of sampling (grading overlaps it) and of the
-    grading left after the last chunk ("grade_tail")."""
-    timer = timer or PhaseTimer()
-    prompts = [render_prompt(tok, list(r.prompt)) for r in records]
-    recs = [r for r in records for _ in range(n_samples)]
-    with ChunkGrader(recs, sandbox, mode=grader_mode, timeout_s=timeout_s) as grader:
-        with timer("sample"):
-            ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-                          max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
-        with timer("grade_tail"):
-            grades = grader.grades(progress=True)
-    toks = [tuple(ids[m.bool()].tolist()) for ids, m in zip(ro.completion_ids, ro.mask)]  # (T,) each, up to EOS
-    return [Scored(r, t, g, k) for r, t, g, k in zip(recs, ro.texts, grades, toks)]
 
 
 def _kn(xs: list[bool]) -> dict[str, int]:
@@ -146,8 +116,8 @@ def monitor_subset(passed: dict[int, bool], n: int, seed: int) -> list[int]:
 
 def subset_samples(samples: list[Scored], records: list[Problem], k: int) -> list[Scored] | None:
     """The first `k` samples of each of `records` (the same objects as in `samples`' records) from samples drawn
-    record-major (`sample_and_score`): the last checkpoint's monitor-subset curve point is read off its full-split
-    endpoint samples instead of being sampled again. None if some record has fewer than `k` samples."""
+    record-major (`sampling.sample_and_grade`): the last checkpoint's monitor-subset curve point is read off its
+    full-split endpoint samples instead of being sampled again. None if some record has fewer than `k` samples."""
     want = {id(r) for r in records}
     seen: dict[int, int] = {}
     out = []
@@ -166,44 +136,6 @@ def curve_steps(steps: list[int], every: int) -> list[int]:
     return sorted({s for s in steps if s % every == 0} | {steps[0], steps[-1]})
 
 
-def adapter_is_zero(model: nn.Module) -> bool:
-    """δS = δS_h = 0 everywhere: the policy is bit-identical to the base (I1), so base scores stand for it."""
-    return all(bool((a.delta == 0).all() and (a.knob == 0).all()) for a in adapters(model).values())
-
-
-def delta_weight(a: Adapter) -> torch.Tensor:
-    """The dense (d_out, d_in) weight update of adapter `a` at its current δS + δS_h (linear in x, so read it off
-    the identity)."""
-    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device)
-    with torch.no_grad():
-        return a.correction(eye.unsqueeze(0), (a.delta + a.knob).detach())[0].T.to(a.base.weight.dtype)
-
-
-@contextmanager
-def merged(model: nn.Module) -> Iterator[None]:
-    """Sample from W + ΔW as plain Linears (no adapter matmuls): the same policy up to float rounding, faster.
-    The adapters are put back on exit. Use for evaluation only (no probes, no gradients)."""
-    swapped: list[tuple[nn.Module, str, Adapter]] = []
-    try:
-        for name, a in list(adapters(model).items()):
-            parent_name, _, leaf = name.rpartition(".")
-            parent = model.get_submodule(parent_name)
-            lin = nn.Linear(a.base.in_features, a.base.out_features, bias=a.base.bias is not None,
-                            dtype=a.base.weight.dtype, device=a.base.weight.device)  # fmt: skip
-            with torch.no_grad():
-                w = a.base.weight + (delta_weight(a) if a.enabled else 0)
-                lin.weight.copy_(w)
-                if a.base.bias is not None:
-                    lin.bias.copy_(a.base.bias)
-            lin.requires_grad_(False)
-            setattr(parent, leaf, lin)
-            swapped.append((parent, leaf, a))
-        yield
-    finally:
-        for parent, leaf, a in swapped:
-            setattr(parent, leaf, a)
-
-
 @contextmanager
 def state(model: nn.Module, name: str) -> Iterator[None]:
     """Put the (loaded) policy in deploy state `name`: deploy = knob off, knob_on = as trained."""
@@ -217,44 +149,28 @@ def state(model: nn.Module, name: str) -> Iterator[None]:
         raise ValueError(f"unknown state {name!r}; adapter_off is the eval_sets base, not re-scored")
 
 
-def rate(c: dict[str, int]) -> float:
-    return c["k"] / c["n"] if c["n"] else float("nan")
-
-
 def curve_row(step: int, st: str, t: dict) -> dict[str, float]:
     """One eval-curve TSV row: solve, no-hint format (where the tally has it) and per-surface hack (overall and per
     mode), with n."""
-    row: dict[str, float] = {"step": step, "state": st, "solve": rate(t["solve"]), "n_solve": t["solve"]["n"]}
+    row: dict[str, float] = {"step": step, "state": st, "solve": rate(**t["solve"]), "n_solve": t["solve"]["n"]}
     if "format_nohint" in t:  # tallies written before format was counted per group (old base.json) lack it
-        row["format"] = rate(t["format_nohint"])
+        row["format"] = rate(**t["format_nohint"])
     for surf, d in sorted(t["hack"].items()):
-        row[f"hack_{surf}"] = rate(d["all"])
+        row[f"hack_{surf}"] = rate(**d["all"])
         row[f"n_hack_{surf}"] = d["all"]["n"]
         for m in LOOPHOLE_MODES:
             if m in d:
-                row[f"hack_{surf}_{m}"] = rate(d[m])
+                row[f"hack_{surf}_{m}"] = rate(**d[m])
     return row
-
-
-def load_policy(p, organism: Path):
-    """The base policy of the run config (model.name; the organism's base/ by default) with the adapter attached at
-    δS = δS_h = 0, exactly as the train stage builds it (so checkpoints load into it)."""
-    from projected_grpo.adapter import attach_adapters
-    from projected_grpo.model import load_model_and_tokenizer
-
-    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, seed=p.seed)
-    model.eval()
-    return model, tok
 
 
 def score(model, tok, records: list[Problem], n_samples: int, p, sandbox, timer: PhaseTimer | None = None
           ) -> list[Scored]:  # fmt: skip
     """`n_samples` graded completions per record under the eval params (seed, T, top_p, budget, batch)."""
     e = p.eval
-    return (sample_and_score(model, tok, records, n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
-                                  e.batch_size, sandbox, p.grader.mode, p.grader.timeout_s,
-                                  p.rollout.max_prompt_tokens, timer))  # fmt: skip
+    return sample_and_grade(model, tok, records, n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
+                            e.batch_size, sandbox, p.grader.timeout_s, p.grader.mode, p.rollout.max_prompt_tokens,
+                            timer)  # fmt: skip
 
 
 def tsv(rows: list[dict]) -> str:
@@ -272,15 +188,15 @@ def flat_metrics(states: dict[str, dict]) -> dict[str, float]:
     <state>_kl_to_knob_on (mean nats per token)."""
     out = {}
     for st, t in states.items():
-        out[f"{st}_solve"] = round(rate(t["solve"]), 6)
+        out[f"{st}_solve"] = round(rate(**t["solve"]), 6)
         for surf, d in t["hack"].items():
-            out[f"{st}_hack_{surf}"] = round(rate(d["all"]), 6)
+            out[f"{st}_hack_{surf}"] = round(rate(**d["all"]), 6)
         if "format_nohint" in t:
-            out[f"{st}_format"] = round(rate(t["format_nohint"]), 6)
+            out[f"{st}_format"] = round(rate(**t["format_nohint"]), 6)
         for surf, c in t.get("format_hinted", {}).items():
-            out[f"{st}_format_{surf}"] = round(rate(c), 6)
+            out[f"{st}_format_{surf}"] = round(rate(**c), 6)
         for surf, c in t.get("hack_valid", {}).items():
-            out[f"{st}_hack_valid_{surf}"] = round(rate(c), 6)
+            out[f"{st}_hack_valid_{surf}"] = round(rate(**c), 6)
         if "kl_to_knob_on" in t:
             out[f"{st}_kl_to_knob_on"] = round(t["kl_to_knob_on"]["mean"], 6)
     return out

@@ -110,13 +110,6 @@ def residual_capture(model, layer: int | None) -> Iterator[dict[str, Tensor]]:
         handle.remove()
 
 
-def pool_completion(h: Tensor, n_prompt: int, mask: Tensor) -> Tensor:
-    """(b, Tp + T, d) residual stream of a prompt + completion forward, (b, T) completion mask -> (b, d) mean over the
-    completion tokens (the positions where they sit, as `basis.pooled_activations` pools)."""
-    m = mask.to(h.dtype)[..., None]  # (b, T, 1)
-    return (h[:, n_prompt:] * m).sum(1) / m.sum(1).clamp(min=1)
-
-
 # --- calibration on held-out pairs --------------------------------------------------------------------------------
 
 

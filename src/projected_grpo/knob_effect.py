@@ -20,15 +20,14 @@ Pure tensor functions plus a context manager that sets δS; stages/evaluate.py s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from projected_grpo.adapter import adapters
+from projected_grpo.adapter import adapters, set_deltas
 
 VARIANTS = ("deploy", "deploy_minus_span", "base_plus_vhack", "base_plus_random")
 
@@ -78,24 +77,6 @@ def variant_deltas(name: str, delta: dict[str, Tensor], own: dict[str, Tensor], 
     return {n: rows[n].T @ (own[n] @ d) if n in own else torch.zeros_like(d) for n, d in delta.items()}
 
 
-@contextmanager
-def policy(model: nn.Module, deltas: dict[str, Tensor]) -> Iterator[None]:
-    """Set every adapter's δS to `deltas` and δS_h to 0 for the block; both restored bit-exactly afterwards."""
-    ads = adapters(model)
-    saved = {n: (a.delta.detach().clone(), a.knob.detach().clone()) for n, a in ads.items()}
-    try:
-        with torch.no_grad():
-            for n, a in ads.items():
-                a.delta.copy_(deltas[n])
-                a.knob.zero_()
-        yield
-    finally:
-        with torch.no_grad():
-            for n, a in ads.items():
-                a.delta.copy_(saved[n][0])
-                a.knob.copy_(saved[n][1])
-
-
 def measure(model: nn.Module, own: dict[str, Tensor], vhack: dict[str, Tensor], rand: dict[str, Tensor],
             score: Callable[[], dict], deploy: dict) -> dict:  # fmt: skip
     """The model holds a routed run's final checkpoint; `own` is its basis (vhack or rand). `score()` scores the
@@ -108,7 +89,7 @@ def measure(model: nn.Module, own: dict[str, Tensor], vhack: dict[str, Tensor], 
     comp = components(delta, knob, own)
     pols = {"deploy": deploy}
     for v in VARIANTS[1:]:
-        with policy(model, variant_deltas(v, delta, own, vhack, rand)):
+        with set_deltas(model, variant_deltas(v, delta, own, vhack, rand)):
             pols[v] = score()
     return {"components": summary(comp), "modules": comp, "policies": pols}
 

@@ -1,9 +1,8 @@
-"""One-line progress prints and per-step TSV rows with the same fixed keys (house_style §8); final metrics.json."""
+"""One-line progress prints and per-step TSV rows with the same fixed keys (house_style §8)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
@@ -87,11 +86,3 @@ def read_tsv(path: Path | str) -> list[dict[str, float]]:
     lines = Path(path).read_text().splitlines()
     keys = lines[0].split("\t")
     return [{k: float(v) for k, v in zip(keys, ln.split("\t"))} for ln in lines[1:]]
-
-
-def write_metrics(path: Path | str, metrics: dict[str, float]) -> None:
-    """Flat dict of scalars for `dvc metrics` (NaN written as null)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
-    path.write_text(json.dumps(clean, indent=1, sort_keys=True))

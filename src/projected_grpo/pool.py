@@ -12,11 +12,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from projected_grpo.grader import ChunkGrader
-from projected_grpo.model import render_prompt
 from projected_grpo.modes import mode_of
 from projected_grpo.problems import Problem
-from projected_grpo.rollout import generate
+from projected_grpo.sampling import sample_and_grade
 
 COLUMNS = ("prompt_id", "mode", "completion", "token_ids", "reward", "label", "eq_correct")
 
@@ -36,17 +34,10 @@ def build_pool(teacher, tok, records: list[Problem], n_per_prompt: int, temperat
                max_new_tokens: int, seed: int, batch_size: int, sandbox, timeout_s: float
                ) -> list[PoolRow]:  # fmt: skip
     """Sample and grade `n_per_prompt` teacher completions for every training record."""
-    prompts = [render_prompt(tok, list(r.prompt)) for r in records]
-    recs = [r for r in records for _ in range(n_per_prompt)]
-    with ChunkGrader(recs, sandbox, timeout_s=timeout_s) as grader:  # each chunk graded while the next one samples
-        ro = generate(teacher, tok, prompts, group_size=n_per_prompt, max_new_tokens=max_new_tokens,
-                      temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size, progress=True,
-                      on_chunk=grader)  # fmt: skip
-        grades = grader.grades(progress=True)
-    return [
-        PoolRow(r.id, mode_of(r), t, tuple(ids[m.bool()].tolist()), g.reward, g.label, g.eq_correct)
-        for r, t, ids, m, g in zip(recs, ro.texts, ro.completion_ids, ro.mask, grades)
-    ]
+    scored = sample_and_grade(teacher, tok, records, n_per_prompt, temperature, top_p, max_new_tokens, seed,
+                              batch_size, sandbox, timeout_s)  # fmt: skip
+    return [PoolRow(s.record.id, mode_of(s.record), s.completion, s.tokens, s.grade.reward, s.grade.label,
+                    s.grade.eq_correct) for s in scored]  # fmt: skip
 
 
 def save_pool(path, rows: list[PoolRow]) -> None:

@@ -319,6 +319,23 @@ def make_result(index: Sequence[int], rows: Sequence[PoolRow], cos: Mapping[str,
                        checks, dict(meta or {}) | {"seed": seed, "n_boot": n_boot})  # fmt: skip
 
 
+def probe_pool(p, model, tok, basis: Basis, rnd: Basis, placebo_pairs: Sequence[Pair], records: Mapping[int, Any],
+               holdout: Mapping[int, Any], flat: Sequence[PoolRow], meta: dict) -> ProbeResult:  # fmt: skip
+    """The probe on the base student `model` (adapter at δS = 0): `probe.n_rows` pool rows drawn with `seed`, one
+    NLL gradient per row, scored by cos(g, ν) for the selected basis, its random control and a placebo basis
+    extracted here from `placebo_pairs` with the `basis` params; T1–T4 from those scores. `meta` (the sources) is
+    completed with what the probe measured on."""
+    index = select_rows(len(flat), p.probe.n_rows, p.seed)
+    rows = [flat[i] for i in index]
+    plc = placebo_basis(model, tok, placebo_pairs, holdout, p.basis, p.rollout.temperature)
+    g = replay_grads(model, tok, records, rows, p.rollout.temperature, p.probe.micro_batch)  # one replay, three ν's
+    (cos, norm), cos_r, cos_p = row_cosines(g, basis.nu), row_cosines(g, rnd.nu)[0], row_cosines(g, plc.nu)[0]
+    meta = {**meta, "n_pool": len(flat), "temperature": p.rollout.temperature, "modules": len(basis.nu),
+            "basis_seed": p.basis.seed, "placebo_modules": len(plc.nu), "placebo_k_total": plc.meta["k_total"],
+            "placebo_pairs": plc.meta["n_pairs"], "placebo_method": plc.meta["method"]}  # fmt: skip
+    return make_result(index, rows, {"selected": cos, "random": cos_r, "placebo": cos_p}, norm, p.probe, p.seed, meta)
+
+
 def _mean(xs: Iterable[float]) -> float:
     v = [x for x in xs if isinstance(x, int | float) and math.isfinite(x)]
     return sum(v) / len(v) if v else math.nan

@@ -11,14 +11,14 @@ an arm wins is decided by win_rule.py alone. Pure: dicts in, markdown/metrics ou
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from projected_grpo import win_rule as W
 from projected_grpo.arms import ARMS
-from projected_grpo.evaluation import rate
 from projected_grpo.modes import LOOPHOLE_MODES
-from projected_grpo.stats import Refusal, Summary, paired_delta, summarize, wilson
+from projected_grpo.stats import Refusal, Summary, paired_delta, rate, summarize, wilson
 
 # (column key, header). solve and format on no-hint prompts; per hint surface: hack, format, and hack among the
 # format-valid completions (so that a policy that stops writing code does not pass for one that stopped hacking).
@@ -63,6 +63,43 @@ class Runs:
 
     def seeds(self, arm: str) -> list[int]:
         return sorted(s for a, s in self.deploy if a == arm)
+
+
+@dataclass
+class Found:
+    """What `discover` read: the runs, those not evaluated ("<arm>-s<seed>"), routed runs' knob-effect records with
+    their sources, and each run's recorded `gate_uninformative` flag."""
+
+    runs: Runs
+    missing: list[str]
+    effects: dict[tuple[str, int], dict]
+    effect_sources: list[str]
+    gates: dict[tuple[str, int], bool]
+
+
+def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, train_logs: Path) -> Found:
+    """The outputs of the runs `wanted` ((group, arm, seed); from params, never a glob): per_mode_deploy.json,
+    curve.tsv and knob_effect.json under <evals>/<group>/<arm>-s<seed>/, the training metrics JSON under
+    <train_logs>/<group>/<arm>-s<seed>.json. A run without evaluation output is missing (left out of every table)."""
+    base, monitor = (json.loads((eval_sets / f).read_text()) for f in ("base.json", "monitor.json"))
+    f = Found(Runs(base, monitor, {}, base_source=str(eval_sets / "base.json")), [], {}, [], {})
+    for group, a, s in wanted:
+        d = evals / group / f"{a}-s{s}"
+        if not (d / "per_mode_deploy.json").exists():
+            f.missing.append(f"{a}-s{s}")
+            continue
+        f.runs.deploy[(a, s)] = json.loads((d / "per_mode_deploy.json").read_text())
+        f.runs.curves[(a, s)] = read_curve(d / "curve.tsv")
+        f.runs.sources[(a, s)] = str(d / "per_mode_deploy.json")
+        eff = json.loads((d / "knob_effect.json").read_text()) if (d / "knob_effect.json").exists() else {}
+        if eff.get("policies"):  # routed runs
+            f.effects[(a, s)] = eff
+            f.effect_sources.append(str(d / "knob_effect.json"))
+        tm = train_logs / group / f"{a}-s{s}.json"
+        flag = gate_flag(json.loads(tm.read_text())) if tm.exists() else None
+        if flag is not None:
+            f.gates[(a, s)] = flag
+    return f
 
 
 def read_curve(path: Path) -> list[dict]:
@@ -112,7 +149,7 @@ def counts(t: dict, metric: str, mode: str = "all") -> dict | None:
 def value(t: dict, metric: str, mode: str = "all") -> float:
     """A rate from a tally (METRICS keys; hack per mode with `mode`); nan when not recorded or n = 0."""
     c = counts(t, metric, mode)
-    return rate(c) if c is not None else float("nan")
+    return rate(**c) if c is not None else float("nan")
 
 
 def per_seed(runs: Runs, arm: str, metric: str, st: str = "deploy", mode: str = "all") -> dict[int, float]:
@@ -143,7 +180,7 @@ def base_cell(t: dict, metric: str) -> str:
     if c is None or not c["n"]:
         return "—"
     lo, hi = wilson(c["k"], c["n"])
-    return f"{100 * rate(c):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f"{100 * rate(**c):.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def seeds_txt(seeds: list[int]) -> str:
@@ -364,7 +401,7 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
          f"{runs.base['n_samples']} samples = {n_mode}.", ""]  # fmt: skip
     L += warnings(runs, arms)
     L += ["| policy | seeds | " + " | ".join(f"`{m}`" for m in modes) + " |", "|" + "---|" * (len(modes) + 2)]
-    L.append("| base | — | " + " | ".join(f"{100 * rate(b[m]):.1f}%" for m in modes) + " |")
+    L.append("| base | — | " + " | ".join(f"{100 * rate(**b[m]):.1f}%" for m in modes) + " |")
     for a in arms:
         vals = [summary_or_none(per_seed(runs, a, f"hack_{surface}", mode=m)) for m in modes]
         L.append(f"| {a} | {seeds_txt(runs.seeds(a))} | " + " | ".join(

@@ -31,9 +31,10 @@ from tqdm import tqdm
 from projected_grpo import projection as proj
 from projected_grpo.adapter import adapters, adapters_disabled, probes, token_capture
 from projected_grpo.arms import Arm
+from projected_grpo.basis import pool_tokens
 from projected_grpo.checkpoint import latest_step, load_checkpoint, prepare_run_dir, read_checkpoint, save_checkpoint
 from projected_grpo.direction import Direction, RunBasis, act_gated, check_run_basis, mass_matched
-from projected_grpo.gate import pool_completion, residual_capture, token_dirs, token_sums
+from projected_grpo.gate import residual_capture, token_dirs, token_sums
 from projected_grpo.grader import grade_batch
 from projected_grpo.grpo_loss import group_advantages, grpo_loss
 from projected_grpo.log import PhaseTimer, StepLog
@@ -183,7 +184,7 @@ def loss_backward(model, ro: Rollout, refs: list, adv: Tensor, mbs: list[slice],
             dot, sq = token_sums(caps)
             tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
         if d.act_layer is not None:
-            pooled.append(pool_completion(hid["h"], Tp, cm))
+            pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
         w = pi.shape[0] / N
         stats = {key: stats[key] + w * m[key] for key in stats}
     ads = adapters(model)
