@@ -144,6 +144,30 @@ def refresh_basis(model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int,
     return b
 
 
+@dataclass
+class LoopState:
+    """What a checkpoint carries beyond adapter and optimizer, for a bit-identical resume: the basis in use (the
+    stage's, or the last refresh's; None for basis-free arms) and the gate."""
+
+    basis: Basis | None
+    gate: GateState
+
+    def to_checkpoint(self) -> dict:
+        out = {"gate": self.gate.checkpoint()}
+        if self.basis is not None:
+            b = self.basis
+            out["basis"] = {"vh": b.vh, "nu": b.nu, "meta": b.meta, "v_act": b.v_act}
+        return out
+
+    @classmethod
+    def from_checkpoint(cls, d: dict, basis: Basis | None) -> LoopState:
+        """`basis`: the run's own, for a checkpoint that holds none."""
+        if "basis" in d:
+            sb = d["basis"]
+            basis = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
+        return cls(basis, GateState.from_checkpoint(d["gate"]) if "gate" in d else GateState())
+
+
 class Direction:
     """The current basis and gate of one run (None / unused for basis-free arms), resumable from a checkpoint.
 
@@ -155,18 +179,21 @@ class Direction:
                  state: dict | None = None):  # fmt: skip
         self.p, self.arm, self.rb, self.names, self.own_tokens, self.label = p, arm, rb, names, own_tokens, label
         self.act_layer = p.basis.act_layer if act_gated(p, arm) else None
-        self.cur = None
+        cur = None
         if arm.reads_basis:
             v_act = rb.act.v_act if self.act_layer is not None else None
-            self.cur = Basis(vh=rb.basis.vh, nu=rb.basis.nu, meta=rb.basis.meta, v_act=v_act)
-        self.gate = GateState()
-        if state is not None:  # resume: continue with the basis and gate the checkpointed step was using
-            if "basis" in state:
-                sb = state["basis"]
-                self.cur = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
-            if "gate" in state:
-                self.gate = GateState.from_checkpoint(state["gate"])
+            cur = Basis(vh=rb.basis.vh, nu=rb.basis.nu, meta=rb.basis.meta, v_act=v_act)
+        # resume: continue with the basis and gate the checkpointed step was using
+        self.state = LoopState(cur, GateState()) if state is None else LoopState.from_checkpoint(state, cur)
         self._derive()
+
+    @property
+    def cur(self) -> Basis | None:
+        return self.state.basis
+
+    @property
+    def gate(self) -> GateState:
+        return self.state.gate
 
     def _derive(self) -> None:
         self.vh = self.cur.vh if self.cur is not None else {}
@@ -187,8 +214,8 @@ class Direction:
         # modules that join get their R.
         refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
         if refreshed:
-            self.cur = refresh_basis(model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature,
-                                     self.act_layer)  # fmt: skip
+            self.state.basis = refresh_basis(model, tok, self.rb.extraction, p.basis, arm.random_dir, step,
+                                             temperature, self.act_layer)  # fmt: skip
             self._derive()
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
         if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):
@@ -199,11 +226,7 @@ class Direction:
         return refreshed
 
     def checkpoint(self) -> dict:
-        """What a checkpoint needs beyond adapter + optimizer for a bit-identical resume."""
-        out = {"gate": self.gate.checkpoint()}
-        if self.cur is not None:
-            out["basis"] = {"vh": self.cur.vh, "nu": self.cur.nu, "meta": self.cur.meta, "v_act": self.cur.v_act}
-        return out
+        return self.state.to_checkpoint()
 
     def result(self) -> dict:
         """The run's gate verdict (gated arms only)."""
