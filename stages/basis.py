@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 import typer
 
+from projected_grpo import atomic
 from projected_grpo.adapter import load_policy
-from projected_grpo.atomic import write_metrics
-from projected_grpo.basis_eval import extract_all, json_ready, metrics, render_report
+from projected_grpo.basis_eval import describe, extract_all, json_ready, metrics, render_report
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
@@ -42,19 +42,11 @@ def main(
     out.mkdir(parents=True, exist_ok=True)
     for name in ("selected", "random", "act"):
         res[name].save(out / f"{'basis' if name == 'selected' else name}.safetensors")
-    desc = (f"Policy `{p.model.name}`, substrate `{p.substrate}`, adapter {p.adapter.kind} r={p.adapter.rank} "
-            f"({p.adapter.targets}); basis k≤{p.basis.k}, tau {p.basis.tau}, alpha {p.basis.alpha_sig}, drop "
-            f"{p.basis.drop_bottom_frac}, modes {list(p.basis.modes) if p.basis.modes else 'all'}, "
-            f"seed {p.basis.seed}; "
-            f"logits / T with T={p.rollout.temperature}.")  # fmt: skip
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(render_report(res, desc, f"{pairsets}/{p.substrate}/*.jsonl, {problems}/holdout.parquet, "
-                                                f"{organism}/base"))  # fmt: skip
-    metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(metrics_out, metrics(res))
+    sources = f"{pairsets}/{p.substrate}/*.jsonl, {problems}/holdout.parquet, {organism}/base"
+    atomic.write_text(report, render_report(res, describe(p), sources))
+    atomic.write_metrics(metrics_out, metrics(res))
     if guard is not None:
-        guard.parent.mkdir(parents=True, exist_ok=True)
-        guard.write_text(json.dumps(json_ready(res["guard"]), indent=1, sort_keys=True))
+        atomic.write_text(guard, json.dumps(json_ready(res["guard"]), indent=1, sort_keys=True))
     typer.echo(f"basis: {p.basis.pairset}/{p.basis.method}: {len(res['selected'].vh)} modules, "
                f"{res['selected'].meta['k_total']} directions -> {out}; guard: "
                f"{'informative' if res['guard']['informative'] else 'NOT informative'}")  # fmt: skip

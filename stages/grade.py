@@ -9,12 +9,12 @@ limit come from params.yaml (`grader` section).
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import typer
 
+from projected_grpo import atomic
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.grader import grade_batch, grade_to_row, load_completion_rows, resolve_rows
@@ -24,9 +24,7 @@ from projected_grpo.sandbox import Sandbox
 
 def main(
     problems: Path = typer.Option(..., help="Benchmark-schema problems jsonl."),
-    completions: Path = typer.Option(
-        ..., help="Completion rows jsonl: row_id, problem_id, hint, test_func_name, completion."
-    ),
+    completions: Path = typer.Option(..., help="jsonl rows: row_id, problem_id, hint, test_func_name, completion."),
     out: Path = typer.Option(..., help="Output jsonl, one grade per completion row, same order."),
     mode: str = typer.Option(None, help="Grader mode: upstream | hardened (default: params.yaml grader.mode)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (grader section)."),
@@ -35,25 +33,16 @@ def main(
     by_id = {q.id: q for q in load_problems(problems)}
     rows = load_completion_rows(completions)
     hinted = resolve_rows(by_id, rows, seed=p.seed)
-    if (mode or p.grader.mode) not in ("upstream", "hardened"):
+    mode = mode or p.grader.mode
+    if mode not in ("upstream", "hardened"):
         raise ValueError(f"--mode must be upstream or hardened, got {mode!r}")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        grades = grade_batch(
-            hinted,
-            [r["completion"] for r in rows],
-            sb,
-            mode=mode or p.grader.mode,
-            timeout_s=p.grader.timeout_s,
-            progress=sys.stderr.isatty(),
-        )
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(grade_to_row(r["row_id"], g)) + "\n" for r, g in zip(rows, grades)))
-    os.replace(tmp, out)  # atomic: no partial output file
+        grades = grade_batch(hinted, [r["completion"] for r in rows], sb, mode=mode, timeout_s=p.grader.timeout_s,
+                             progress=sys.stderr.isatty())  # fmt: skip
+    atomic.write_text(out, "".join(json.dumps(grade_to_row(r["row_id"], g)) + "\n" for r, g in zip(rows, grades)))
     n_hack = sum(g.is_reward_hack_strict for g in grades)
-    typer.echo(
-        f"graded {len(grades)} completions ({mode or p.grader.mode}): "
-        f"{sum(g.eq_correct for g in grades)} correct, {n_hack} strict hacks -> {out}"
-    )
+    typer.echo(f"graded {len(grades)} completions ({mode}): {sum(g.eq_correct for g in grades)} correct, "
+               f"{n_hack} strict hacks -> {out}")  # fmt: skip
 
 
 app = stage_app(main, outputs=("out",))

@@ -17,14 +17,10 @@ from projected_grpo.atomic import write_json
 from projected_grpo.basis import Basis
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.pairs import PLACEBO, load_pairset, pairset_path
+from projected_grpo.pairs import load_pairset
 from projected_grpo.pool import load_pool
-from projected_grpo.probe import flatten_pool, probe_pool
+from projected_grpo.probe import INPUTS, flatten_pool, input_files, probe_pool
 from projected_grpo.problems import load_problems_parquet
-
-
-def _file(path: Path, default: str) -> Path:
-    return path / default if path.is_dir() else path
 
 
 def main(
@@ -38,14 +34,8 @@ def main(
 ) -> None:
     p = load_params(params)
     torch.set_num_threads(p.eval.threads)
-    pool_f, basis_f = _file(pool, "pool.parquet"), _file(basis, "basis.safetensors")
-    random_f, placebo_f = basis_f.parent / "random.safetensors", pairset_path(pairsets, p.substrate, PLACEBO)
-    train_f, holdout_f = problems / "train.parquet", problems / "holdout.parquet"
-    need = [pool_f, basis_f, basis_f.with_suffix(".json"), random_f, random_f.with_suffix(".json"), placebo_f, train_f,
-            holdout_f] + ([organism / "base" / "config.json"] if p.model.name == "organism" else [])  # fmt: skip
-    missing = [str(f) for f in need if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"probe: missing input(s): {', '.join(missing)}")
+    f = input_files(p, organism, problems, pool, basis, pairsets)  # fails on the first missing one, before any work
+    pool_f, basis_f, random_f, placebo_f, train_f, holdout_f = (f[k] for k in INPUTS)
     b, rnd, pairs = Basis.load(basis_f), Basis.load(random_f), load_pairset(placebo_f)
     if not b.nu:
         raise ValueError(f"probe: basis {basis_f} has no gradient-space direction ν (act-space or no kept modules)")
@@ -55,8 +45,7 @@ def main(
     torch.manual_seed(p.seed)
     model, tok = load_policy(p, organism)
     student = str(organism / "base") if p.model.name == "organism" else p.model.name
-    meta = {"student": student, "pool": str(pool_f), "basis": str(basis_f), "random": str(random_f),
-            "placebo": str(placebo_f), "holdout": str(holdout_f), "problems": str(train_f)}  # fmt: skip
+    meta = {"student": student, **{k: str(v) for k, v in f.items()}}
     res = probe_pool(p, model, tok, b, rnd, pairs, records, holdout, flat, meta)
     write_json(out, res.to_dict())  # tmp + rename: a failure leaves no partial output (NaN already None)
     typer.echo(f"probe: {res.n} rows, " + ", ".join(f"{n} {c.verdict}" for n, c in res.checks.items()) + f" -> {out}")

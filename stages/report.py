@@ -14,12 +14,11 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo import atomic, knob_effect
+from projected_grpo import atomic
 from projected_grpo import results as R
 from projected_grpo.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.figures import plot_dynamics, plot_endpoints
-from projected_grpo.probe import ProbeResult, render
 
 GUARD_HELP = (
     'Basis guard JSON: {"informative": bool, "line": str (the reason)} or {"beats_placebo": bool, "beats_random": '
@@ -42,12 +41,9 @@ def main(
     p = load_params(params)
     wanted = [("ref", a, s) for a in p.arms_ref for s in p.seeds] + [("arms", a, s) for a in p.arms for s in p.seeds]
     found = R.discover(wanted, evals, eval_sets, train_logs)
-    runs, missing, effects = found.runs, found.missing, found.effects
+    runs, missing = found.runs, found.missing
     guard = json.loads(basis_guard.read_text()) if basis_guard is not None else None
-    extra = [*knob_effect.render(effects, found.effect_sources), ""] if effects else []
-    extra += [render(ProbeResult.from_dict(json.loads(probe.read_text()))), f"<!-- sources: {probe} -->", ""]
-    if missing:
-        extra += [f"Not evaluated (left out of every table): {', '.join(missing)}.", ""]
+    extra = R.extra_sections(found, probe)  # knob effect, the probe, what was not evaluated
     figs = [figures / "dynamics.png", figures / "endpoints.png"]
     plot_dynamics(runs, list(p.arms_ref), list(p.arms), figs[0])
     plot_endpoints(runs, list(p.arms_ref), list(p.arms), figs[1])

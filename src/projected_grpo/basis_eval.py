@@ -239,6 +239,14 @@ def render_guard(g: dict) -> list[str]:
             "supported by held-out discrimination.", ""]  # fmt: skip
 
 
+def describe(p) -> str:
+    """The report's line on what was extracted from what: policy, substrate, adapter and the basis params."""
+    return (f"Policy `{p.model.name}`, substrate `{p.substrate}`, adapter {p.adapter.kind} r={p.adapter.rank} "
+            f"({p.adapter.targets}); basis k≤{p.basis.k}, tau {p.basis.tau}, alpha {p.basis.alpha_sig}, drop "
+            f"{p.basis.drop_bottom_frac}, modes {list(p.basis.modes) if p.basis.modes else 'all'}, "
+            f"seed {p.basis.seed}; logits / T with T={p.rollout.temperature}.")  # fmt: skip
+
+
 def render_report(res: dict, desc: str, sources: str) -> str:
     L = ["# v_hack bases: held-out discrimination", "", *render_guard(res["guard"]),
          f"Written by the `basis` stage. {desc}", "", f"<!-- sources: {sources} -->", "",

@@ -23,6 +23,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from projected_grpo.adapter import adapters, probes
 from projected_grpo.basis import Basis, auroc, build_basis, completion_grads, encode
 from projected_grpo.config import BasisParams, ProbeParams
 from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
-from projected_grpo.pairs import Pair, pair_records, select_pairs
+from projected_grpo.pairs import PLACEBO, Pair, pair_records, pairset_path, select_pairs
 from projected_grpo.pool import PoolRow
 from projected_grpo.stats import percentile_interval, unit_resamples, weighted_aurocs
 
@@ -317,6 +318,25 @@ def make_result(index: Sequence[int], rows: Sequence[PoolRow], cos: Mapping[str,
     return ProbeResult(list(index), [r.prompt_id for r in rows], c["selected"], c["random"], c["placebo"],
                        [float(x) for x in norm], labels, [bool(r.eq_correct) for r in rows], [r.mode for r in rows],
                        checks, dict(meta or {}) | {"seed": seed, "n_boot": n_boot})  # fmt: skip
+
+
+INPUTS = ("pool", "basis", "random", "placebo", "problems", "holdout")  # the probe's input files, by role
+
+
+def input_files(p, organism: Path, problems: Path, pool: Path, basis: Path, pairsets: Path) -> dict[str, Path]:
+    """The probe's input files by role (INPUTS; pool and basis may be given as the stage directory or the file),
+    checked to exist with their sidecars: one FileNotFoundError naming every missing one."""
+    pool_f = pool / "pool.parquet" if pool.is_dir() else pool
+    basis_f = basis / "basis.safetensors" if basis.is_dir() else basis
+    f = {"pool": pool_f, "basis": basis_f, "random": basis_f.parent / "random.safetensors",
+         "placebo": pairset_path(pairsets, p.substrate, PLACEBO), "problems": problems / "train.parquet",
+         "holdout": problems / "holdout.parquet"}  # fmt: skip
+    need = [*f.values(), f["basis"].with_suffix(".json"), f["random"].with_suffix(".json")]
+    need += [organism / "base" / "config.json"] if p.model.name == "organism" else []
+    missing = [str(x) for x in need if not x.is_file()]
+    if missing:
+        raise FileNotFoundError(f"probe: missing input(s): {', '.join(missing)}")
+    return f
 
 
 def probe_pool(p, model, tok, basis: Basis, rnd: Basis, placebo_pairs: Sequence[Pair], records: Mapping[int, Any],

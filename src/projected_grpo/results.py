@@ -102,6 +102,19 @@ def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, t
     return f
 
 
+def extra_sections(found: Found, probe: Path) -> list[str]:
+    """The report's sections after the tables: where routed runs' knob effect comes from (knob_effect.json), the
+    distillation cosine probe (the probe stage's JSON at `probe`), and the runs left out for want of evaluation."""
+    from projected_grpo import knob_effect
+    from projected_grpo.probe import ProbeResult, render
+
+    extra = [*knob_effect.render(found.effects, found.effect_sources), ""] if found.effects else []
+    extra += [render(ProbeResult.from_dict(json.loads(probe.read_text()))), f"<!-- sources: {probe} -->", ""]
+    if found.missing:
+        extra += [f"Not evaluated (left out of every table): {', '.join(found.missing)}.", ""]
+    return extra
+
+
 def read_curve(path: Path) -> list[dict]:
     """An eval-curve TSV (stage evaluate): numbers as floats, the `state` column as text."""
     lines = path.read_text().splitlines()
