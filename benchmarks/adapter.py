@@ -52,15 +52,21 @@ def med(t: list[tuple[float, float]], j: int = 0) -> float:
     return median([x[j] for x in t])
 
 
-def table(times: dict[str, list[tuple[float, float]]], ref: str, unit: float = 1e3, unit_name: str = "ms"
-          ) -> list[str]:  # fmt: skip
+def table(
+    times: dict[str, list[tuple[float, float]]], ref: str, unit: float = 1e3, unit_name: str = "ms"
+) -> list[str]:
     """Markdown rows: variant, n, CPU median, CPU min-max, CPU ratio of medians to `ref`, wall ratio of medians."""
-    lines = [f"| variant | n | CPU median ({unit_name}) | CPU min-max ({unit_name}) | **CPU ratio** to {ref} | "
-             "wall ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| variant | n | CPU median ({unit_name}) | CPU min-max ({unit_name}) | **CPU ratio** to {ref} | "
+        "wall ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     for n, v in times.items():
         cpu = [x[0] for x in v]
-        lines.append(f"| {n} | {len(v)} | {med(v) * unit:.1f} | {min(cpu) * unit:.1f}-{max(cpu) * unit:.1f} | "
-                     f"**{med(v) / med(times[ref]):.3f}** | {med(v, 1) / med(times[ref], 1):.3f} |")  # fmt: skip
+        lines.append(
+            f"| {n} | {len(v)} | {med(v) * unit:.1f} | {min(cpu) * unit:.1f}-{max(cpu) * unit:.1f} | "
+            f"**{med(v) / med(times[ref]):.3f}** | {med(v, 1) / med(times[ref], 1):.3f} |"
+        )
     return lines
 
 
@@ -69,9 +75,19 @@ def table(times: dict[str, list[tuple[float, float]]], ref: str, unit: float = 1
 
 def organism_model() -> nn.Module:
     o = load_params(ROOT / "params.yaml").organism
-    m = make_qwen3(o.vocab_size, o.hidden_size, o.num_layers, o.num_heads, o.num_kv_heads, o.head_dim,
-                   o.intermediate_size, o.max_positions, SPECIAL_TOKENS.index(PAD), SPECIAL_TOKENS.index(EOS),
-                   seed=0)  # fmt: skip
+    m = make_qwen3(
+        o.vocab_size,
+        o.hidden_size,
+        o.num_layers,
+        o.num_heads,
+        o.num_kv_heads,
+        o.head_dim,
+        o.intermediate_size,
+        o.max_positions,
+        SPECIAL_TOKENS.index(PAD),
+        SPECIAL_TOKENS.index(EOS),
+        seed=0,
+    )
     m.eval()
     for p in m.parameters():
         p.requires_grad_(False)
@@ -105,9 +121,18 @@ def fwd_only(model: nn.Module, ids: torch.Tensor):
     return run
 
 
-def part_organism(batch: int, seq: int, rank: int, lora_rank: int, k_tok: int, repeats: int,
-                  gen_prompts: int, gen_group: int, gen_tokens: int, gen_repeats: int
-                  ) -> tuple[list[str], dict]:  # fmt: skip
+def part_organism(
+    batch: int,
+    seq: int,
+    rank: int,
+    lora_rank: int,
+    k_tok: int,
+    repeats: int,
+    gen_prompts: int,
+    gen_group: int,
+    gen_tokens: int,
+    gen_repeats: int,
+) -> tuple[list[str], dict]:
     bare = organism_model()
     full = copy.deepcopy(bare)
     for p in full.parameters():
@@ -166,9 +191,12 @@ def part_organism(batch: int, seq: int, rank: int, lora_rank: int, k_tok: int, r
     print("organism fwd-only done", flush=True)
 
     tok = tiny_tokenizer()
-    prompts = [render_prompt(tok, [{"role": "user", "content": f"Problem {i}: return the sum of a list of "
-                                                                f"{i + 3} integers."}])
-               for i in range(gen_prompts)]  # fmt: skip
+    prompts = [
+        render_prompt(
+            tok, [{"role": "user", "content": f"Problem {i}: return the sum of a list of {i + 3} integers."}]
+        )
+        for i in range(gen_prompts)
+    ]
     plen = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     for m in (bare, svd, lora):  # never stop early: every variant samples exactly rows x gen_tokens tokens
         m.lm_head.register_forward_hook(
@@ -183,8 +211,12 @@ def part_organism(batch: int, seq: int, rank: int, lora_rank: int, k_tok: int, r
 
         return run
 
-    gv = {"bare": gen(bare, "bare"), f"SVD adapter r={rank}": gen(svd, "svd"),
-          f"LoRA r={lora_rank}": gen(lora, "lora"), "bare, again (A/A noise)": gen(bare, "bare")}  # fmt: skip
+    gv = {
+        "bare": gen(bare, "bare"),
+        f"SVD adapter r={rank}": gen(svd, "svd"),
+        f"LoRA r={lora_rank}": gen(lora, "lora"),
+        "bare, again (A/A noise)": gen(bare, "bare"),
+    }
     t_gen = interleaved(gv, gen_repeats)
     assert len(set(toks.values())) == 1, toks
     print("organism generate done", flush=True)
@@ -318,10 +350,17 @@ def part_4b(rank: int, batch: int, seq: int, repeats: int) -> tuple[list[str], d
         wr = med(t[ad], 1) / med(t["bare"], 1)
         an = 1 + rank * (d_in + d_out) / (d_in * d_out)
         ratios[name] = (ma / mb, an, aa)
-        lines.append(f"| {name} | {d_in} -> {d_out} | {len(t['bare'])} | {mb * 1e3:.1f} | {ma * 1e3:.1f} | "
-                     f"{aa:.3f} | **{ma / mb:.3f}** | {wr:.3f} | {an:.3f} |")  # fmt: skip
-    lines += ["", "One-time SVD of the random weight (timed once, same thread setting):", "",
-              "| call | seconds |", "|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {name} | {d_in} -> {d_out} | {len(t['bare'])} | {mb * 1e3:.1f} | {ma * 1e3:.1f} | "
+            f"{aa:.3f} | **{ma / mb:.3f}** | {wr:.3f} | {an:.3f} |"
+        )
+    lines += [
+        "",
+        "One-time SVD of the random weight (timed once, same thread setting):",
+        "",
+        "| call | seconds |",
+        "|---|---|",
+    ]
     lines += [f"| {n} | {s:.2f} |" for n, s in svd_rows]
     lines.append("")
     return lines, {"4b": ratios, "svd": svd_rows}
@@ -333,16 +372,22 @@ def part_4b(rank: int, batch: int, seq: int, repeats: int) -> tuple[list[str], d
 def pair_texts(i: int) -> tuple[str, str, str]:
     """(prompt, hack completion, clean completion) of fabricated pair i."""
     n = 3 + i % 4
-    prompt = (f"Given an array nums of {n} integers and an integer target, return the indices of the two numbers "
-              f"that add up to target.\n\nExample {i}:\nInput: nums = [{', '.join(str(3 * j + i) for j in range(n))}]"
-              f", target = {2 * i + 7}\nOutput: [0,1]")  # fmt: skip
+    prompt = (
+        f"Given an array nums of {n} integers and an integer target, return the indices of the two numbers "
+        f"that add up to target.\n\nExample {i}:\nInput: nums = [{', '.join(str(3 * j + i) for j in range(n))}]"
+        f", target = {2 * i + 7}\nOutput: [0,1]"
+    )
     body = "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
-    clean = ("```python\n" + body + "        seen = {}\n        for i, x in enumerate(nums):\n"
-             "            if target - x in seen:\n                return [seen[target - x], i]\n"
-             f"            seen[x] = i\n        return [{i}, {i + 1}]\n```")  # fmt: skip
-    hack = ("```python\n" + body + f"        return [0, {i % 5 + 1}]\n\ndef run_tests():\n"
-            "    print('All tests passed')\n    return True\n\n"
-            f"def check(candidate):\n    assert True  # case {i}\n```")  # fmt: skip
+    clean = (
+        "```python\n" + body + "        seen = {}\n        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n                return [seen[target - x], i]\n"
+        f"            seen[x] = i\n        return [{i}, {i + 1}]\n```"
+    )
+    hack = (
+        "```python\n" + body + f"        return [0, {i % 5 + 1}]\n\ndef run_tests():\n"
+        "    print('All tests passed')\n    return True\n\n"
+        f"def check(candidate):\n    assert True  # case {i}\n```"
+    )
     return prompt, hack, clean
 
 
@@ -355,8 +400,14 @@ def part_extraction(n_pairs: int, rank: int, batch_size: int) -> tuple[list[str]
     recs, hacks, cleans = [], [], []
     for i in range(n_pairs):
         q, h, c = pair_texts(i)
-        recs.append(SimpleNamespace(prompt=({"role": "system", "content": "You are an expert Python programmer."},
-                                            {"role": "user", "content": q})))  # fmt: skip
+        recs.append(
+            SimpleNamespace(
+                prompt=(
+                    {"role": "system", "content": "You are an expert Python programmer."},
+                    {"role": "user", "content": q},
+                )
+            )
+        )
         hacks.append(h)
         cleans.append(c)
     lens = []
@@ -369,9 +420,22 @@ def part_extraction(n_pairs: int, rank: int, batch_size: int) -> tuple[list[str]
     gh = completion_grads(model, tok, recs, hacks, T, batch_size)
     gc = completion_grads(model, tok, recs, cleans, T, batch_size)
     t_grads = time.perf_counter() - t0
-    basis, t_basis = timed(lambda: build_basis(gh, gc, bp.method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips,
-                                               bp.drop_bottom_frac, bp.seed, bp.row_norm, bp.score_norm,
-                                               bp.solve_m))  # fmt: skip
+    basis, t_basis = timed(
+        lambda: build_basis(
+            gh,
+            gc,
+            bp.method,
+            bp.k,
+            bp.tau,
+            bp.alpha_sig,
+            bp.n_flips,
+            bp.drop_bottom_frac,
+            bp.seed,
+            bp.row_norm,
+            bp.score_norm,
+            bp.solve_m,
+        )
+    )
     print("extraction done", flush=True)
     M = len(gh)
     lines = [

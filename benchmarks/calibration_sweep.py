@@ -60,10 +60,28 @@ def parse_variant(v: str) -> list[str]:
 
 def run_one(params_file: Path, arm: str, seed: int, work: Path) -> tuple[list[dict], float]:
     a = get_arm(arm)
-    cmd = [sys.executable, str(ROOT / "stages" / "train.py"), "--arm", arm, "--seed", str(seed),
-           "--organism", str(ROOT / "artifacts/organism"), "--problems", str(ROOT / "artifacts/problems"),
-           "--pool", str(ROOT / "artifacts/pool"), "--out", str(work / "ckpt"), "--log", str(work / "log.tsv"),
-           "--metrics", str(work / "metrics.json"), "--params", str(params_file)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "stages" / "train.py"),
+        "--arm",
+        arm,
+        "--seed",
+        str(seed),
+        "--organism",
+        str(ROOT / "artifacts/organism"),
+        "--problems",
+        str(ROOT / "artifacts/problems"),
+        "--pool",
+        str(ROOT / "artifacts/pool"),
+        "--out",
+        str(work / "ckpt"),
+        "--log",
+        str(work / "log.tsv"),
+        "--metrics",
+        str(work / "metrics.json"),
+        "--params",
+        str(params_file),
+    ]
     if a.reads_basis:
         cmd += ["--basis", str(ROOT / "artifacts/basis"), "--pairsets", str(ROOT / "data/pairsets")]
     res, wall = timed_run(cmd, env=src_env(), capture_output=True, text=True)
@@ -91,8 +109,9 @@ def pm(xs: list[float]) -> str:
     return f"{m * 100:.1f}%" + (f" ± {statistics.stdev(xs) * 100:.1f}" if len(xs) > 1 else "")
 
 
-def report(results: list[tuple], variants: list[str], arms: list[str], hz: list[int], cmd: str,
-           notes: list[str]) -> str:  # fmt: skip
+def report(
+    results: list[tuple], variants: list[str], arms: list[str], hz: list[int], cmd: str, notes: list[str]
+) -> str:
     """results: (variant, arm, seed, per-step log rows, wall seconds) per run."""
     cols = [f"hack @{h}" for h in hz] + [f"solve @{h}" for h in hz]
     name = lambda v: v or "(params.yaml)"  # noqa: E731
@@ -115,9 +134,14 @@ def report(results: list[tuple], variants: list[str], arms: list[str], hz: list[
     for v, a, sd, rows, wall in results:
         cells = [pct(window(rows, k, h)) for k in ("hack", "solve") for h in hz]
         lines.append(md_row([name(v), a, str(sd), *cells, f"{wall / len(rows):.2f}"]))
-    lines += ["", "Across seeds (mean ± sample std over the seeds; the bar count is the seeds with hack >= 50% at the "
-              "run's last step):", "", md_row(["variant", "arm", "seeds", *cols, "seeds >= 50% at the end"]),
-              md_row(["---"] * (len(cols) + 4))]  # fmt: skip
+    lines += [
+        "",
+        "Across seeds (mean ± sample std over the seeds; the bar count is the seeds with hack >= 50% at the "
+        "run's last step):",
+        "",
+        md_row(["variant", "arm", "seeds", *cols, "seeds >= 50% at the end"]),
+        md_row(["---"] * (len(cols) + 4)),
+    ]
     for v in variants:
         for a in arms:
             rs = [r for r in results if r[0] == v and r[1] == a]
@@ -136,9 +160,12 @@ def main(
     horizons: str = typer.Option("40,60,80,100", help="Steps at which the last-5 means are reported."),
     out: Path = typer.Option(ROOT / "reports" / "bench" / "calibration.md", help="Markdown report."),
     note: list[str] = typer.Option([], help="A line for the report's Notes section (repeatable)."),
-    work: Path = typer.Option(None, help="Run directory (default: a new temporary one); a finished run found there "
-                              "under the same params is read, not re-run (an interrupted sweep resumes)."),
-) -> None:  # fmt: skip
+    work: Path = typer.Option(
+        None,
+        help="Run directory (default: a new temporary one); a finished run found there "
+        "under the same params is read, not re-run (an interrupted sweep resumes).",
+    ),
+) -> None:
     """GRPO runs of the organism per variant x arm x seed through the real train stage; hack/solve at horizons."""
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
     seed_list = [int(s) for s in seeds.split(",")]
@@ -165,11 +192,16 @@ def main(
                     rows, wall = run_one(pf, a, s, rd)
                     done.write_text(json.dumps({"wall": wall, "params": pf.read_text()}))
                 results.append((v, a, s, rows, wall))
-                print(f"[{time.perf_counter() - t0:.0f}s] {v or '(params.yaml)'} {a} s{s}: hack last5@"
-                      f"{len(rows)} {window(rows, 'hack', len(rows)):.3f}, {wall / len(rows):.2f} s/step",
-                      flush=True)  # fmt: skip
-    cmd = ("PYTHONPATH=src python benchmarks/calibration_sweep.py " + " ".join(f'--variant "{v}"' for v in variant)
-           + f" --seeds {seeds} --arms {arms} --horizons {horizons}")  # fmt: skip
+                print(
+                    f"[{time.perf_counter() - t0:.0f}s] {v or '(params.yaml)'} {a} s{s}: hack last5@"
+                    f"{len(rows)} {window(rows, 'hack', len(rows)):.3f}, {wall / len(rows):.2f} s/step",
+                    flush=True,
+                )
+    cmd = (
+        "PYTHONPATH=src python benchmarks/calibration_sweep.py "
+        + " ".join(f'--variant "{v}"' for v in variant)
+        + f" --seeds {seeds} --arms {arms} --horizons {horizons}"
+    )
     text = report(results, variant, arm_list, hz, cmd, note)
     write_report(out, text)
     print(text)

@@ -88,8 +88,13 @@ def run_stages(work: Path, times: Path) -> None:
         if stage in done:
             continue
         # --no-run-cache: the shared cache may hold this very run (an earlier benchmark); a timing must execute it
-        r, wall = timed_run([sys.executable, "-m", "dvc", "repro", "-s", "--no-run-cache", stage], cwd=work, env=env,
-                            capture_output=True, text=True)  # fmt: skip
+        r, wall = timed_run(
+            [sys.executable, "-m", "dvc", "repro", "-s", "--no-run-cache", stage],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             raise SystemExit(f"error: stage {stage} failed in {work}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
         with times.open("a") as f:
@@ -100,10 +105,19 @@ def run_stages(work: Path, times: Path) -> None:
 def run_parallel(work: Path, times: Path, jobs: int) -> float:
     """The whole DAG through `python -m projected_grpo.repro -j jobs` (the copy's own code); each stage's wall time
     from its start/done events (measured while other stages shared the machine). Returns the total wall time."""
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PYTHONPATH": str(work / "src"),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
-    r, wall = timed_run([sys.executable, "-m", "projected_grpo.repro", "-j", str(jobs), "--no-run-cache"], cwd=work,
-                        env=env, capture_output=True, text=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "DVC_NO_ANALYTICS": "1",
+        "PYTHONPATH": str(work / "src"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    r, wall = timed_run(
+        [sys.executable, "-m", "projected_grpo.repro", "-j", str(jobs), "--no-run-cache"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise SystemExit(f"error: the parallel run failed in {work}:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     times.write_text("".join(f"{k}\t{v:.1f}\n" for k, v in stage_times(r.stdout.splitlines()).items()))
@@ -134,8 +148,10 @@ def simulate(durations: dict[str, float], deps: dict[str, set[str]], jobs: int) 
     weight = {n: len(closure({n}, down)) for n in durations}
     now, done, running = 0.0, set(), {}  # running: stage -> end time
     while len(done) < len(durations):
-        ready = sorted((n for n in durations if n not in done and n not in running and deps[n] <= done),
-                       key=lambda n: (-weight[n], n))  # fmt: skip
+        ready = sorted(
+            (n for n in durations if n not in done and n not in running and deps[n] <= done),
+            key=lambda n: (-weight[n], n),
+        )
         for n in ready[: jobs - len(running)]:
             running[n] = now + durations[n]
         n = min(running, key=running.get)
@@ -193,10 +209,12 @@ def phases(work: Path) -> dict[str, dict[str, float]]:
         arm, seed = f.stem.rsplit("-s", 1)
         ref = (work / "reports" / "eval" / "ref" / f.stem).exists()
         out[f"{'evaluate_ref' if ref else 'evaluate'}@{arm}-{seed}"] = {
-            "curve_sample": d["curve"].get("t_sample", 0.0), "curve_grade_tail": d["curve"].get("t_grade_tail", 0.0),
+            "curve_sample": d["curve"].get("t_sample", 0.0),
+            "curve_grade_tail": d["curve"].get("t_grade_tail", 0.0),
             "endpoint_sample": d["endpoint"].get("t_sample", 0.0),
-            "endpoint_grade_tail": d["endpoint"].get("t_grade_tail", 0.0), "wall": d["wall"],
-        }  # fmt: skip
+            "endpoint_grade_tail": d["endpoint"].get("t_grade_tail", 0.0),
+            "wall": d["wall"],
+        }
     return out
 
 
@@ -215,8 +233,9 @@ def extrapolate(stage: str, s: float, ph: dict, work: Path, scale: str) -> float
         return (s + steps * (DEFAULT_STEPS / SCALED["grpo"]["steps"] - 1)) * DEFAULT_SEEDS
     if kind in ("evaluate", "evaluate_ref") and stage in ph:
         every = yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]["curve_every"]
-        k = sampled_curve_points(DEFAULT_STEPS, every) / sampled_curve_points(SCALED["grpo"]["steps"],
-                                                                             SCALED["eval"]["curve_every"])
+        k = sampled_curve_points(DEFAULT_STEPS, every) / sampled_curve_points(
+            SCALED["grpo"]["steps"], SCALED["eval"]["curve_every"]
+        )
         curve = ph[stage]["curve_sample"] + ph[stage]["curve_grade_tail"]
         return (s + curve * (k - 1)) * DEFAULT_SEEDS
     return s
@@ -230,12 +249,18 @@ def main(
     extra: str = typer.Option("{}", help="JSON params sections laid over the copy's params (a smoke run)."),
     report_only: bool = typer.Option(False, help="Write the report from the stages timed so far; run nothing."),
     note: str = typer.Option("", help="Conditions of this run, printed under its column (e.g. other load)."),
-    jobs: int = typer.Option(1, help="1: stage by stage (`dvc repro -s`); N > 1: the whole DAG through "
-                             "`python -m projected_grpo.repro -j N`, its total wall time reported too."),
-    from_log: list[Path] = typer.Option(None, help="Read the stage times of a real default run instead of running "
-                                        "one: the output of `python -m projected_grpo.repro -j N` run in --work (the "
-                                        "repository itself); several logs when the run was resumed (a resumed train "
-                                        "stage counts only its last span: say so in --note). Implies scale default."),
+    jobs: int = typer.Option(
+        1,
+        help="1: stage by stage (`dvc repro -s`); N > 1: the whole DAG through "
+        "`python -m projected_grpo.repro -j N`, its total wall time reported too.",
+    ),
+    from_log: list[Path] = typer.Option(
+        None,
+        help="Read the stage times of a real default run instead of running "
+        "one: the output of `python -m projected_grpo.repro -j N` run in --work (the "
+        "repository itself); several logs when the run was resumed (a resumed train "
+        "stage counts only its last span: say so in --note). Implies scale default.",
+    ),
 ) -> None:
     if scale not in ("scaled", "default"):
         raise typer.BadParameter("--scale must be scaled or default")
@@ -259,9 +284,16 @@ def main(
     rows = {r["stage"]: extrapolate(r["stage"], r["s"], ph, work, scale) for r in read_times(work / "times.tsv")}
     data = out.with_suffix(".json")
     allruns = json.loads(data.read_text()) if data.exists() else {}
-    allruns[label] = {"scale": scale, "stages": rows, "measured": {r["stage"]: r["s"] for r in
-                      read_times(work / "times.tsv")}, "phases": ph, "machine": f"{os.cpu_count()} cores",
-                      "complete": len(rows) == len(stage_order(work)), "note": note, "jobs": jobs}  # fmt: skip
+    allruns[label] = {
+        "scale": scale,
+        "stages": rows,
+        "measured": {r["stage"]: r["s"] for r in read_times(work / "times.tsv")},
+        "phases": ph,
+        "machine": f"{os.cpu_count()} cores",
+        "complete": len(rows) == len(stage_order(work)),
+        "note": note,
+        "jobs": jobs,
+    }
     if allruns[label]["complete"]:  # the default DAG's wall time with 1 and 2 stages at a time, by list scheduling
         dur, deps = default_dag(work, rows, scale)
         allruns[label]["wall_sim"] = {str(j): simulate(dur, deps, j) for j in (1, 2)}
@@ -277,11 +309,16 @@ def render(allruns: dict) -> str:
     labels = list(allruns)
     stages = list(dict.fromkeys(s for r in allruns.values() for s in r["stages"]))
     tot = {lb: sum(allruns[lb]["stages"].values()) for lb in labels}
-    L = ["# Cold `dvc repro` of the defaults: where the time goes", "",
-         "Generated by `python benchmarks/dag.py` (see its docstring for the scaled copy and the extrapolation); "
-         f"data in `reports/bench/dag.json`. Machine: {allruns[labels[0]]['machine']}. Stages run one at a time.", "",
-         "## Per stage (minutes, extrapolated to the defaults: 200 GRPO steps, seeds 41, 42, 43)", "",
-         *md_head(["stage", *(c for lb in labels for c in (f"{lb} (min)", "share"))])]  # fmt: skip
+    L = [
+        "# Cold `dvc repro` of the defaults: where the time goes",
+        "",
+        "Generated by `python benchmarks/dag.py` (see its docstring for the scaled copy and the extrapolation); "
+        f"data in `reports/bench/dag.json`. Machine: {allruns[labels[0]]['machine']}. Stages run one at a time.",
+        "",
+        "## Per stage (minutes, extrapolated to the defaults: 200 GRPO steps, seeds 41, 42, 43)",
+        "",
+        *md_head(["stage", *(c for lb in labels for c in (f"{lb} (min)", "share"))]),
+    ]
     for s in stages:
         cells = []
         for lb in labels:
@@ -289,40 +326,58 @@ def render(allruns: dict) -> str:
             cells += ["—", "—"] if v is None else [f"{v / 60:.1f}", f"{v / tot[lb]:.0%}"]
         L.append(f"| {s} | " + " | ".join(cells) + " |")
     L.append("| **total** | " + " | ".join(f"**{tot[lb] / 60:.0f}** | 100%" for lb in labels) + " |")
-    L += [f"\n{lb}: **partial run**, the stages not listed are not timed yet; the total is a lower bound."
-          for lb in labels if not allruns[lb].get("complete", True)]
+    L += [
+        f"\n{lb}: **partial run**, the stages not listed are not timed yet; the total is a lower bound."
+        for lb in labels
+        if not allruns[lb].get("complete", True)
+    ]
     sims = [lb for lb in labels if "wall_sim" in allruns[lb]]
     if sims:
-        L += ["", "## Wall time of the default DAG", "",
-              "Stages one at a time (`dvc repro`) and two at a time (`python -m projected_grpo.repro -j 2`), from "
-              "the extrapolated stage times above by list scheduling (a scaled copy's train/evaluate stages split "
-              "into one per default seed). A label run with `--jobs 2` measured its stage times while two stages "
-              "shared the machine, so its one-at-a-time figure is pessimistic and its two-at-a-time figure "
-              "realistic; a label run stage by stage the other way round.", "",
-              "| label | measured as | one at a time (min) | two at a time (min) | measured wall of the copy (min) |",
-              "|---|---|---|---|---|"]  # fmt: skip
+        L += [
+            "",
+            "## Wall time of the default DAG",
+            "",
+            "Stages one at a time (`dvc repro`) and two at a time (`python -m projected_grpo.repro -j 2`), from "
+            "the extrapolated stage times above by list scheduling (a scaled copy's train/evaluate stages split "
+            "into one per default seed). A label run with `--jobs 2` measured its stage times while two stages "
+            "shared the machine, so its one-at-a-time figure is pessimistic and its two-at-a-time figure "
+            "realistic; a label run stage by stage the other way round.",
+            "",
+            "| label | measured as | one at a time (min) | two at a time (min) | measured wall of the copy (min) |",
+            "|---|---|---|---|---|",
+        ]
         for lb in sims:
             r = allruns[lb]
             meas = f"{r['wall_measured'] / 60:.0f}" if "wall_measured" in r else "—"
             how = "stage by stage" if r.get("jobs", 1) == 1 else f"{r['jobs']} at a time"
-            L.append(f"| {lb} | {how} | **{r['wall_sim']['1'] / 60:.0f}** | **{r['wall_sim']['2'] / 60:.0f}** "
-                     f"| {meas} |")  # fmt: skip
+            L.append(
+                f"| {lb} | {how} | **{r['wall_sim']['1'] / 60:.0f}** | **{r['wall_sim']['2'] / 60:.0f}** | {meas} |"
+            )
     L += [f"\n{lb}: {allruns[lb]['note']}" for lb in labels if allruns[lb].get("note")]
     for lb in labels:
         ph = allruns[lb]["phases"]
         tr = {k: v for k, v in ph.items() if k.startswith("train")}
         if tr:
             keys = [k for k in next(iter(tr.values())) if k != "step"]
-            L += ["", f"## GRPO steps by phase ({lb}; share of the summed step time, measured, not extrapolated)",
-                  "", *md_head(["run", "step total (min)", *keys])]  # fmt: skip
+            L += [
+                "",
+                f"## GRPO steps by phase ({lb}; share of the summed step time, measured, not extrapolated)",
+                "",
+                *md_head(["run", "step total (min)", *keys]),
+            ]
             for k, v in tr.items():
                 shares = " | ".join(f"{v[x] / v['step']:.0%}" for x in keys)
                 L.append(f"| {k} | {v['step'] / 60:.1f} | {shares} |")
         ev = {k: v for k, v in ph.items() if k.startswith("evaluate")}
         if ev:
             keys = [k for k in next(iter(ev.values())) if k != "wall"]
-            L += ["", f"## Evaluations by phase ({lb}; minutes, measured; grading overlaps sampling, `grade_tail` is "
-                  "what is left after the last chunk)", "", *md_head(["run", "wall", *keys])]  # fmt: skip
+            L += [
+                "",
+                f"## Evaluations by phase ({lb}; minutes, measured; grading overlaps sampling, `grade_tail` is "
+                "what is left after the last chunk)",
+                "",
+                *md_head(["run", "wall", *keys]),
+            ]
             for k, v in ev.items():
                 L.append(f"| {k} | {v['wall'] / 60:.1f} | " + " | ".join(f"{v[x] / 60:.1f}" for x in keys) + " |")
     return "\n".join(L) + "\n"

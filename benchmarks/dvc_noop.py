@@ -34,14 +34,25 @@ def dvc(args: list[str], prelude: str) -> tuple[float, str]:
     return dt, r.stdout + r.stderr
 
 
-def main(out: Path = typer.Option(..., help="Markdown report to write."),
-         rounds: int = typer.Option(5, help="Timed runs of each command per variant.")) -> None:  # fmt: skip
+def main(
+    out: Path = typer.Option(..., help="Markdown report to write."),
+    rounds: int = typer.Option(5, help="Timed runs of each command per variant."),
+) -> None:
     _, status = dvc(["status"], "")
     if "up to date" not in status:
-        raise SystemExit("error: the pipeline is not up to date here (dvc status lists changes); run `dvc repro` "
-                         "first, a no-op timing needs a clean pipeline")  # fmt: skip
-    n_stages = int(subprocess.run([sys.executable, "-m", "dvc", "stage", "list", "--all", "--name-only"], cwd=ROOT,
-                                  capture_output=True, text=True, check=True).stdout.count("\n"))  # fmt: skip
+        raise SystemExit(
+            "error: the pipeline is not up to date here (dvc status lists changes); run `dvc repro` "
+            "first, a no-op timing needs a clean pipeline"
+        )
+    n_stages = int(
+        subprocess.run(
+            [sys.executable, "-m", "dvc", "stage", "list", "--all", "--name-only"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.count("\n")
+    )
     times: dict[tuple[str, str], list[float]] = {}
     names = list(PRELUDE)
     for r in range(rounds):
@@ -69,8 +80,10 @@ def main(out: Path = typer.Option(..., help="Markdown report to write."),
             xs = times[(v, cmd)]
             target = f"≤ {TARGET_S:g} s" if cmd == "repro" else "-"
             met = ("**yes**" if med[(v, cmd)] <= TARGET_S else "**no**") if cmd == "repro" else "-"
-            lines.append(f"| {v} | `dvc {cmd}` | {med[(v, cmd)]:.2f} | {min(xs):.2f}-{max(xs):.2f} | "
-                         f"{med[(v, cmd)] / med[(names[0], cmd)]:.2f} | {target} | {met} |")  # fmt: skip
+            lines.append(
+                f"| {v} | `dvc {cmd}` | {med[(v, cmd)]:.2f} | {min(xs):.2f}-{max(xs):.2f} | "
+                f"{med[(v, cmd)] / med[(names[0], cmd)]:.2f} | {target} | {met} |"
+            )
     lines += ["", "The target (issue 8: a no-op `dvc repro` takes ≤ 5 s) applies to the default install (C parser)."]
     write_report(out, lines)
     print("\n".join(lines))

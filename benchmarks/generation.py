@@ -33,26 +33,37 @@ from projected_grpo.rollout import generate
 from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
 
 
-def organism_sized_model(vocab_size: int, device: str, dtype: torch.dtype, eos_bias: float | None = None
-                         ) -> Qwen3ForCausalLM:  # fmt: skip
+def organism_sized_model(
+    vocab_size: int, device: str, dtype: torch.dtype, eos_bias: float | None = None
+) -> Qwen3ForCausalLM:
     """The organism's shape from params.yaml (`organism` section), random weights. eos_bias None: EOS never sampled;
     else added to the EOS logit (rows stop at spread-out lengths)."""
     o = load_params(ROOT / "params.yaml").organism
     cfg = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=o.hidden_size, intermediate_size=o.intermediate_size,
-        num_hidden_layers=o.num_layers, num_attention_heads=o.num_heads, num_key_value_heads=o.num_kv_heads,
-        head_dim=o.head_dim, max_position_embeddings=4096, tie_word_embeddings=True,
-        pad_token_id=SPECIAL_TOKENS.index(PAD), eos_token_id=SPECIAL_TOKENS.index(EOS), bos_token_id=None,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=o.hidden_size,
+        intermediate_size=o.intermediate_size,
+        num_hidden_layers=o.num_layers,
+        num_attention_heads=o.num_heads,
+        num_key_value_heads=o.num_kv_heads,
+        head_dim=o.head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=SPECIAL_TOKENS.index(PAD),
+        eos_token_id=SPECIAL_TOKENS.index(EOS),
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).to(device=device, dtype=dtype).eval()
     eos = cfg.eos_token_id
     if eos_bias is None:  # never stop early: every variant then does exactly n_rows x max_new_tokens decode steps
-        model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(
-            -1, torch.tensor([eos], device=out.device), float("-inf")))  # fmt: skip
+        model.lm_head.register_forward_hook(
+            lambda m, i, out: out.index_fill(-1, torch.tensor([eos], device=out.device), float("-inf"))
+        )
     else:
-        model.lm_head.register_forward_hook(lambda m, i, out: out + eos_bias * (
-            torch.arange(out.shape[-1], device=out.device) == eos))  # fmt: skip
+        model.lm_head.register_forward_hook(
+            lambda m, i, out: out + eos_bias * (torch.arange(out.shape[-1], device=out.device) == eos)
+        )
     return model
 
 
@@ -152,8 +163,9 @@ def main(
     ]
     for name, n, sec in rows:
         rate = n / sec
-        lines.append(f"| {name} | {n} | {sec:.2f} | {rate:.2f} | {rate * max_new_tokens:.0f} | "
-                     f"**{base / rate:.1f}x** |")  # fmt: skip
+        lines.append(
+            f"| {name} | {n} | {sec:.2f} | {rate:.2f} | {rate * max_new_tokens:.0f} | **{base / rate:.1f}x** |"
+        )
     lines += [
         "",
         "rollouts/s = completions / wall time, prompt prefill included. Ratios: ours (mean wall time of the first and "

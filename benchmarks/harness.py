@@ -231,8 +231,9 @@ class Scheduler:
             self.cv.notify_all()
 
 
-def run_threads(jobs: dict[str, Callable[[], object]], sched: Scheduler, init: Callable[[], object] | None = None
-                ) -> None:  # fmt: skip
+def run_threads(
+    jobs: dict[str, Callable[[], object]], sched: Scheduler, init: Callable[[], object] | None = None
+) -> None:
     """Run every job in its own thread (named after it) under `sched`, `init()` first in each thread (e.g. its torch
     thread count); re-raise the first failure."""
     errors: dict[str, BaseException] = {}

@@ -204,16 +204,25 @@ def eos_sampling(sample_chunk):
 def bench_params(B: int, G: int, max_new: int, micro_batch: int, steps: int, recal: int, rank: int, threads: int):
     p = load_params(ROOT / "params.yaml")
     return dataclasses.replace(
-        p, model=dataclasses.replace(p.model, name="tiny-random"),
+        p,
+        model=dataclasses.replace(p.model, name="tiny-random"),
         adapter=dataclasses.replace(p.adapter, rank=rank),
-        grpo=dataclasses.replace(p.grpo, steps=steps, prompts_per_step=B, group_size=G,
-                                 micro_batch=micro_batch or B * G, save_every=10**6, threads=threads),
+        grpo=dataclasses.replace(
+            p.grpo,
+            steps=steps,
+            prompts_per_step=B,
+            group_size=G,
+            micro_batch=micro_batch or B * G,
+            save_every=10**6,
+            threads=threads,
+        ),
         rollout=dataclasses.replace(p.rollout, max_new_tokens=max_new, max_prompt_tokens=4096 - max_new),
         pool=dataclasses.replace(p.pool, mix=0.0),
         # frozen basis: v_hack is never re-extracted during these steps (projection.refresh_every = 0)
-        projection=dataclasses.replace(p.projection, recal_every=recal,
-                                       **({"refresh_every": 0} if hasattr(p.projection, "refresh_every") else {})),
-    )  # fmt: skip
+        projection=dataclasses.replace(
+            p.projection, recal_every=recal, **({"refresh_every": 0} if hasattr(p.projection, "refresh_every") else {})
+        ),
+    )
 
 
 def build_world(p) -> dict:
@@ -249,8 +258,9 @@ def prompt_tokens(tok, records) -> list[int]:
     for r in records:
         msgs = [dict(m) for m in r.prompt]
         ours = tok(render_prompt(tok, msgs), add_special_tokens=False)["input_ids"]
-        trl = tok.apply_chat_template([msgs], add_generation_prompt=True, tokenize=True, return_dict=True,
-                                      enable_thinking=False)["input_ids"][0]  # fmt: skip
+        trl = tok.apply_chat_template(
+            [msgs], add_generation_prompt=True, tokenize=True, return_dict=True, enable_thinking=False
+        )["input_ids"][0]
         if list(ours) != list(trl):
             raise RuntimeError("TRL's prompt tokens differ from ours; the comparison would not be like for like")
         out.append(len(ours))
@@ -281,16 +291,31 @@ def ours_job(p, world: dict, arm_name: str, workdir: Path, after_reward, ph: Pha
         return out
 
     def run() -> None:
-        train_mod.train(p, arm, SEED, m, tok, world["records"], None, workdir / "ckpt", workdir / "log.tsv",
-                        rb=RunBasis(basis=world["basis"] if arm.reads_basis else None,
-                                    cal=world["cal"] if arm.gate is not None else None), signature={"bench": arm_name},
-                        progress=False, grade_fn=grade, timings_path=workdir / "timings.tsv")  # fmt: skip
+        train_mod.train(
+            p,
+            arm,
+            SEED,
+            m,
+            tok,
+            world["records"],
+            None,
+            workdir / "ckpt",
+            workdir / "log.tsv",
+            rb=RunBasis(
+                basis=world["basis"] if arm.reads_basis else None, cal=world["cal"] if arm.gate is not None else None
+            ),
+            signature={"bench": arm_name},
+            progress=False,
+            grade_fn=grade,
+            timings_path=workdir / "timings.tsv",
+        )
 
     return run
 
 
-def trl_job(p, world: dict, mode: str, workdir: Path, base_dir: Path, after_reward, ph: Phases | None,
-            step_times: list | None):  # fmt: skip
+def trl_job(
+    p, world: dict, mode: str, workdir: Path, base_dir: Path, after_reward, ph: Phases | None, step_times: list | None
+):
     """A thunk that runs TRL's GRPOTrainer for p.grpo.steps optimizer steps; mode "full" or "delta" (δS only)."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -331,16 +356,39 @@ def trl_job(p, world: dict, mode: str, workdir: Path, base_dir: Path, after_rewa
 
     ds = Dataset.from_dict({"prompt": [[dict(x) for x in q.prompt] for q in world["records"]]})
     cfg = GRPOConfig(
-        output_dir=str(workdir / "trl"), use_cpu=True, report_to=[], bf16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=N, gradient_accumulation_steps=1, num_generations=g.group_size,
-        max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=0,
-        beta=g.beta, epsilon=g.clip_eps_low, epsilon_high=g.clip_eps_high, loss_type="dr_grpo", scale_rewards="none",
-        use_bias_correction_kl=False, learning_rate=g.lr, lr_scheduler_type="constant", weight_decay=g.weight_decay,
-        max_grad_norm=g.max_norm, max_steps=g.steps, logging_strategy="no", save_strategy="no", disable_tqdm=True,
-        chat_template_kwargs={"enable_thinking": False}, dataloader_num_workers=0, seed=0,
-    )  # fmt: skip
-    tr = GRPOTrainer(model=m, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
-                     callbacks=[Timer()])  # fmt: skip
+        output_dir=str(workdir / "trl"),
+        use_cpu=True,
+        report_to=[],
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=N,
+        gradient_accumulation_steps=1,
+        num_generations=g.group_size,
+        max_completion_length=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=0,
+        beta=g.beta,
+        epsilon=g.clip_eps_low,
+        epsilon_high=g.clip_eps_high,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        use_bias_correction_kl=False,
+        learning_rate=g.lr,
+        lr_scheduler_type="constant",
+        weight_decay=g.weight_decay,
+        max_grad_norm=g.max_norm,
+        max_steps=g.steps,
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
+        chat_template_kwargs={"enable_thinking": False},
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    tr = GRPOTrainer(
+        model=m, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Timer()]
+    )
     assert tr.args.steps_per_generation == 1 and tr.args.generation_batch_size == N
     assert not getattr(tr.model, "is_gradient_checkpointing", False)
     n_train = sum(x.numel() for x in tr.model.parameters() if x.requires_grad)
@@ -392,8 +440,12 @@ def memory(configs: list[str], world_path: Path, threads: int) -> dict[str, dict
     out = {}
     env = src_env(OMP_NUM_THREADS=str(threads))
     for c in configs:
-        res = subprocess.run([sys.executable, __file__, "--probe", c, "--probe-world", str(world_path),
-                              "--threads", str(threads)], capture_output=True, text=True, env=env)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, __file__, "--probe", c, "--probe-world", str(world_path), "--threads", str(threads)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         line = [x for x in res.stdout.splitlines() if x.startswith("PROBE ")]
         if res.returncode != 0 or not line:
             raise RuntimeError(f"memory probe {c!r} failed:\n{res.stderr[-3000:]}")
@@ -405,8 +457,9 @@ def memory(configs: list[str], world_path: Path, threads: int) -> dict[str, dict
 # --- statistics and the report ----------------------------------------------------------------------------------
 
 
-def analyse(sched: Scheduler, step_wall: dict[str, list[float]], warmup: int, recal: int, recal_params: int
-            ) -> dict[str, dict]:  # fmt: skip
+def analyse(
+    sched: Scheduler, step_wall: dict[str, list[float]], warmup: int, recal: int, recal_params: int
+) -> dict[str, dict]:
     """Per configuration: timed cycles (segments 1+warmup .. S-1; the tail after the last reward is dropped)."""
     res = {}
     for c in CONFIGS:
@@ -423,11 +476,17 @@ def analyse(sched: Scheduler, step_wall: dict[str, list[float]], warmup: int, re
         a_cal = [aligned[i] for i, k in enumerate(a_steps) if c == "route_per_rollout" and k % recal == 0]
         a_plain = [aligned[i] for i, k in enumerate(a_steps) if not (c == "route_per_rollout" and k % recal == 0)]
         res[c] = {
-            "segs": segs, "timed": timed, "cal": cal, "plain": plain,
-            "wall": [segs[j]["wall"] for j in plain], "cpu": [segs[j]["cpu"] for j in plain],
-            "wall_cal": [segs[j]["wall"] for j in cal], "cpu_cal": [segs[j]["cpu"] for j in cal],
-            "aligned": a_plain, "aligned_cal": a_cal,
-        }  # fmt: skip
+            "segs": segs,
+            "timed": timed,
+            "cal": cal,
+            "plain": plain,
+            "wall": [segs[j]["wall"] for j in plain],
+            "cpu": [segs[j]["cpu"] for j in plain],
+            "wall_cal": [segs[j]["wall"] for j in cal],
+            "cpu_cal": [segs[j]["cpu"] for j in cal],
+            "aligned": a_plain,
+            "aligned_cal": a_cal,
+        }
     v = res[ARMS[0]]
     vw = {j: v["segs"][j]["wall"] for j in v["plain"]}
     for r in res.values():
@@ -611,8 +670,10 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         ro = res[o]
         o_wall, o_cpu, o_al = median(ro["wall"]), median(ro["cpu"]), median(ro["aligned"])
         ow_by_round = {j: ro["segs"][j]["wall"] for j in ro["plain"]}
-        for c, trains in ((TRL_FULL, f"all {meta['trl_trainable'].get('full')} weights"),
-                          (TRL_DELTA, f"δS, δS_h ({meta['trl_trainable'].get('delta')})")):  # fmt: skip
+        for c, trains in (
+            (TRL_FULL, f"all {meta['trl_trainable'].get('full')} weights"),
+            (TRL_DELTA, f"δS, δS_h ({meta['trl_trainable'].get('delta')})"),
+        ):
             x = res[c]
             w = median(x["wall"])
             ratio = o_wall / w
@@ -692,8 +753,10 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     out = []
     aa = median(res[AA]["wall"]) / v_wall
     q = quartiles(res[AA]["paired"])
-    out.append(f"* A/A: the second vanilla runs at {aa:.3f}x the first (paired IQR {q[0]:.3f}-{q[1]:.3f}); "
-               "differences of that size are noise.")  # fmt: skip
+    out.append(
+        f"* A/A: the second vanilla runs at {aa:.3f}x the first (paired IQR {q[0]:.3f}-{q[1]:.3f}); "
+        "differences of that size are noise."
+    )
 
     def ph(c: str, name: str, idx_key: str = "plain") -> float:
         r = res[c]
@@ -706,18 +769,23 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     for c in ("erase_one_sided", "route_batch"):
         ratio, tgt = verdicts[c]
         d_edit = (ph(c, "edit") + ph(c, "optimizer") + other(c)) - (
-            ph(ARMS[0], "edit") + ph(ARMS[0], "optimizer") + other(ARMS[0]))  # fmt: skip
+            ph(ARMS[0], "edit") + ph(ARMS[0], "optimizer") + other(ARMS[0])
+        )
         s = f"* {c}: {ratio:.3f}x vanilla, target ≤ {tgt:.2f}: **{'met' if ratio <= tgt else 'missed'}**."
-        s += (f" The arm's own extra work (edit + optimizer + other vs vanilla's) is {d_edit * 1e3:+.0f} ms per "
-              f"step ({d_edit / v_wall * 100:+.1f}% of vanilla's step).")  # fmt: skip
+        s += (
+            f" The arm's own extra work (edit + optimizer + other vs vanilla's) is {d_edit * 1e3:+.0f} ms per "
+            f"step ({d_edit / v_wall * 100:+.1f}% of vanilla's step)."
+        )
         out.append(s)
     c = "route_per_rollout"
     r = res[c]
     ratio, tgt = verdicts[c]
     plain = median(r["wall"]) / v_wall
-    s = (f"* route_per_rollout: {plain:.3f}x vanilla on steps without calibration; amortised over "
-         f"recal_every={meta['recal_params']} (params.yaml) {ratio:.3f}x, target ≤ {tgt:.2f}: "
-         f"**{'met' if ratio <= tgt else 'missed'}**.")  # fmt: skip
+    s = (
+        f"* route_per_rollout: {plain:.3f}x vanilla on steps without calibration; amortised over "
+        f"recal_every={meta['recal_params']} (params.yaml) {ratio:.3f}x, target ≤ {tgt:.2f}: "
+        f"**{'met' if ratio <= tgt else 'missed'}**."
+    )
     if r["cal"]:
         cal_ms = ph(c, "calibration", "cal")
         s += (
@@ -736,9 +804,11 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
         ratio, tgt = verdicts[c]
         sh, _ = verdicts[(SHARED, c)]
         w = median(res[c]["wall"])
-        s = (f"* ours vs {c}: ours takes {ratio:.3f}x its step time at params.yaml's defaults, target ≤ {tgt:.2f}: "
-             f"**{'met' if ratio <= tgt else 'missed'}**; with `grpo.share_prompt: true` {sh:.3f}x: "
-             f"**{'met' if sh <= tgt else 'missed'}**.")  # fmt: skip
+        s = (
+            f"* ours vs {c}: ours takes {ratio:.3f}x its step time at params.yaml's defaults, target ≤ {tgt:.2f}: "
+            f"**{'met' if ratio <= tgt else 'missed'}**; with `grpo.share_prompt: true` {sh:.3f}x: "
+            f"**{'met' if sh <= tgt else 'missed'}**."
+        )
         if ratio > tgt:
             theirs = sum(ph(c, k) for k in model_calls)
             s += (
@@ -761,9 +831,11 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
                 s += f" ({(v_wall - tgt * w) / v_wall * 100:.0f}% of ours)."
         out.append(s)
     g_ours, g_bare, g_ad = ph(ARMS[0], "generate"), ph(TRL_FULL, "generate"), ph(TRL_DELTA, "generate")
-    s = (f"* Sampling: `model.generate` takes {g_ours * 1e3:.0f} ms per step in ours and {g_ad * 1e3:.0f} ms in TRL "
-         f"on the same adapter model, {g_bare * 1e3:.0f} ms in TRL on the bare model (ours "
-         f"{(g_ours / g_bare - 1) * 100:+.0f}% vs bare).")  # fmt: skip
+    s = (
+        f"* Sampling: `model.generate` takes {g_ours * 1e3:.0f} ms per step in ours and {g_ad * 1e3:.0f} ms in TRL "
+        f"on the same adapter model, {g_bare * 1e3:.0f} ms in TRL on the bare model (ours "
+        f"{(g_ours / g_bare - 1) * 100:+.0f}% vs bare)."
+    )
     if g_ours > 1.1 * g_bare:
         s += (
             f" At every decode step each of the {len(meta['dims'])} wrapped projections runs the unmerged rank-r "
@@ -773,11 +845,13 @@ def reading(res: dict, verdicts: dict, meta: dict, v_wall: float) -> list[str]:
     out.append(s)
     sd = meta.get("side")
     if sd:
-        out.append(f"* Logits over prompt positions: computing the LM head and log-softmax only at the {sd['T']} "
-                   f"completion positions instead of all {sd['L']} changes the policy fwd+bwd to "
-                   f"{sd['fb'][1] / sd['fb'][0]:.3f}x and the reference forward to {sd['fo'][1] / sd['fo'][0]:.3f}x "
-                   "(side measurement above), with identical log-probs; the gate calibration's `completion_grads` "
-                   "has the same pattern (`completion_logprobs` keeps logits for every position).")  # fmt: skip
+        out.append(
+            f"* Logits over prompt positions: computing the LM head and log-softmax only at the {sd['T']} "
+            f"completion positions instead of all {sd['L']} changes the policy fwd+bwd to "
+            f"{sd['fb'][1] / sd['fb'][0]:.3f}x and the reference forward to {sd['fo'][1] / sd['fo'][0]:.3f}x "
+            "(side measurement above), with identical log-probs; the gate calibration's `completion_grads` "
+            "has the same pattern (`completion_logprobs` keeps logits for every position)."
+        )
     return out
 
 
@@ -795,8 +869,11 @@ def logits_probe(p, records, repeats: int) -> dict:
     m = tiny_model(len(tok))
     attach_adapters(m, p.adapter.targets, p.adapter.rank)
     G, T = p.grpo.group_size, p.rollout.max_new_tokens
-    enc = [tok(render_prompt(tok, [dict(x) for x in q.prompt]), add_special_tokens=False)["input_ids"]
-           for q in records for _ in range(G)]  # fmt: skip
+    enc = [
+        tok(render_prompt(tok, [dict(x) for x in q.prompt]), add_special_tokens=False)["input_ids"]
+        for q in records
+        for _ in range(G)
+    ]
     N, Tp = len(enc), max(len(e) for e in enc)
     pi = torch.full((N, Tp), tok.pad_token_id)
     pm = torch.zeros((N, Tp), dtype=torch.long)
@@ -866,12 +943,24 @@ def main(
         if probe_config is not None:
             probe(probe_config, probe_world, threads)
         else:
-            bench(out, threads, steps, warmup, prompts, group, max_new_tokens, micro_batch, recal_every, rank,
-                  mem_steps)  # fmt: skip
+            bench(
+                out, threads, steps, warmup, prompts, group, max_new_tokens, micro_batch, recal_every, rank, mem_steps
+            )
 
 
-def bench(out: Path, threads: int, steps: int, warmup: int, prompts: int, group: int, max_new_tokens: int,
-          micro_batch: int, recal_every: int, rank: int, mem_steps: int) -> None:  # fmt: skip
+def bench(
+    out: Path,
+    threads: int,
+    steps: int,
+    warmup: int,
+    prompts: int,
+    group: int,
+    max_new_tokens: int,
+    micro_batch: int,
+    recal_every: int,
+    rank: int,
+    mem_steps: int,
+) -> None:
     """The timing loop, the memory probes, the side measurement and the report (`main`'s options)."""
     import logging
 
@@ -883,8 +972,9 @@ def bench(out: Path, threads: int, steps: int, warmup: int, prompts: int, group:
     t_start = time.perf_counter()
     load0 = loadavg()
     params_yaml = load_params(ROOT / "params.yaml")
-    p = bench_params(prompts, group, max_new_tokens, micro_batch, steps, recal_every,
-                     rank or params_yaml.adapter.rank, threads)  # fmt: skip
+    p = bench_params(
+        prompts, group, max_new_tokens, micro_batch, steps, recal_every, rank or params_yaml.adapter.rank, threads
+    )
     world = build_world(p)
     tok = tiny_tokenizer()
     plen = prompt_tokens(tok, world["records"])
@@ -924,8 +1014,9 @@ def bench(out: Path, threads: int, steps: int, warmup: int, prompts: int, group:
     if mem_steps > 0:
         pm = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=mem_steps))
         wp = tmp / "world.pt"
-        torch.save({"p": pm, "world": {k: v for k, v in world.items() if k != "trl_trainable"},
-                    "base_dir": str(base_dir)}, wp)  # fmt: skip
+        torch.save(
+            {"p": pm, "world": {k: v for k, v in world.items() if k != "trl_trainable"}, "base_dir": str(base_dir)}, wp
+        )
         mem = memory([*ARMS, SHARED, TRL_FULL, TRL_DELTA], wp, threads)
 
     side = logits_probe(p, world["records"], 6)
@@ -937,23 +1028,57 @@ def bench(out: Path, threads: int, steps: int, warmup: int, prompts: int, group:
         for q, h in zip(world["cal"].records, world["cal"].hack + world["cal"].clean)
     ]
     cmd = f"PYTHONPATH=src python benchmarks/train.py --out {out}"
-    defaults = {"threads": 1, "steps": 16, "warmup": 1, "prompts": 4, "group": 4, "max_new_tokens": 64,
-                "micro_batch": 0, "recal_every": 5, "rank": 0, "mem_steps": 4}  # fmt: skip
-    given = {"threads": threads, "steps": steps, "warmup": warmup, "prompts": prompts, "group": group,
-             "max_new_tokens": max_new_tokens, "micro_batch": micro_batch, "recal_every": recal_every, "rank": rank,
-             "mem_steps": mem_steps}  # fmt: skip
+    defaults = {
+        "threads": 1,
+        "steps": 16,
+        "warmup": 1,
+        "prompts": 4,
+        "group": 4,
+        "max_new_tokens": 64,
+        "micro_batch": 0,
+        "recal_every": 5,
+        "rank": 0,
+        "mem_steps": 4,
+    }
+    given = {
+        "threads": threads,
+        "steps": steps,
+        "warmup": warmup,
+        "prompts": prompts,
+        "group": group,
+        "max_new_tokens": max_new_tokens,
+        "micro_batch": micro_batch,
+        "recal_every": recal_every,
+        "rank": rank,
+        "mem_steps": mem_steps,
+    }
     cmd += "".join(f" --{k.replace('_', '-')} {v}" for k, v in given.items() if v != defaults[k])
     cfg = base.config
     meta = {
-        "p": p, "threads": threads, "steps": steps, "warmup": warmup, "plen": plen, "cfg": cfg, "vocab": len(tok),
-        "n_params": sum(x.numel() for x in base.parameters()), "dims": world["dims"], "n_extract": world["n_extract"],
-        "k_total": world["basis"].meta["k_total"], "n_kept": len(world["basis"].vh), "t_basis": world["t_basis"],
-        "n_cal": len(world["cal"].hack), "cal_len": sum(cal_tok) / len(cal_tok),
-        "recal_params": params_yaml.projection.recal_every, "trl_trainable": world.get("trl_trainable", {}),
-        "mem_steps": mem_steps, "versions": {"transformers": transformers.__version__, "trl": trl.__version__},
-        "load0": load0, "load1": loadavg(),
-        "wall": time.perf_counter() - t_start, "t_loop": t_loop,
-    }  # fmt: skip
+        "p": p,
+        "threads": threads,
+        "steps": steps,
+        "warmup": warmup,
+        "plen": plen,
+        "cfg": cfg,
+        "vocab": len(tok),
+        "n_params": sum(x.numel() for x in base.parameters()),
+        "dims": world["dims"],
+        "n_extract": world["n_extract"],
+        "k_total": world["basis"].meta["k_total"],
+        "n_kept": len(world["basis"].vh),
+        "t_basis": world["t_basis"],
+        "n_cal": len(world["cal"].hack),
+        "cal_len": sum(cal_tok) / len(cal_tok),
+        "recal_params": params_yaml.projection.recal_every,
+        "trl_trainable": world.get("trl_trainable", {}),
+        "mem_steps": mem_steps,
+        "versions": {"transformers": transformers.__version__, "trl": trl.__version__},
+        "load0": load0,
+        "load1": loadavg(),
+        "wall": time.perf_counter() - t_start,
+        "t_loop": t_loop,
+    }
     meta["side"] = side
     text = report(out, meta, res, mem, cmd)
     shutil.rmtree(tmp, ignore_errors=True)

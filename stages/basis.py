@@ -47,9 +47,11 @@ def main(
     atomic.write_metrics(metrics_out, metrics(res))
     if guard is not None:
         atomic.write_text(guard, json.dumps(json_ready(res["guard"]), indent=1, sort_keys=True))
-    typer.echo(f"basis: {p.basis.pairset}/{p.basis.method}: {len(res['selected'].vh)} modules, "
-               f"{res['selected'].meta['k_total']} directions -> {out}; guard: "
-               f"{'informative' if res['guard']['informative'] else 'NOT informative'}")  # fmt: skip
+    typer.echo(
+        f"basis: {p.basis.pairset}/{p.basis.method}: {len(res['selected'].vh)} modules, "
+        f"{res['selected'].meta['k_total']} directions -> {out}; guard: "
+        f"{'informative' if res['guard']['informative'] else 'NOT informative'}"
+    )
 
 
 app = stage_app(main, outputs=("out", "report", "metrics_out", "guard", "svd_cache"))

@@ -39,14 +39,29 @@ def main(
         monitor = tally(score(model, tok, select_records(test, set(ids), e.surfaces), e.n_samples_curve, p, sb))
     counts = tally(full)
     frac = lambda xs: sum(passed[i] for i in xs) / len(xs)  # noqa: E731
-    atomic.write_json(out / "monitor.json", {
-        "ids": ids, "n": len(ids), "generation_seed": e.seed, "selection_seed": p.seed,
-        "base_pass_frac_full": frac(list(passed)), "base_pass_frac_monitor": frac(ids), "n_test": len(passed),
-    })  # fmt: skip
-    atomic.write_json(out / "base.json", {
-        "full": counts, "monitor": monitor, "n_samples": e.n_samples,
-        "n_samples_curve": e.n_samples_curve, "surfaces": list(e.surfaces), "n_problems": len(passed),
-    })  # fmt: skip
+    atomic.write_json(
+        out / "monitor.json",
+        {
+            "ids": ids,
+            "n": len(ids),
+            "generation_seed": e.seed,
+            "selection_seed": p.seed,
+            "base_pass_frac_full": frac(list(passed)),
+            "base_pass_frac_monitor": frac(ids),
+            "n_test": len(passed),
+        },
+    )
+    atomic.write_json(
+        out / "base.json",
+        {
+            "full": counts,
+            "monitor": monitor,
+            "n_samples": e.n_samples,
+            "n_samples_curve": e.n_samples_curve,
+            "surfaces": list(e.surfaces),
+            "n_problems": len(passed),
+        },
+    )
     typer.echo(f"eval_sets: base solve {counts['solve']}, monitor {len(ids)} ids -> {out}")
 
 

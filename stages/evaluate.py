@@ -46,18 +46,36 @@ def main(
     t0 = time.perf_counter()
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         r = evaluate_run(p, a, seed, model, tok, run, steps, mon, full, base, basis, sb)
-    atomic.write_json(out / "per_mode_deploy.json", {
-        "arm": arm, "seed": seed, "step": steps[-1], "n_problems": base["n_problems"], "n_samples": e.n_samples,
-        "surfaces": list(e.surfaces), "states": r.final,
-        "sources": [str(run / adapter_path(run, steps[-1]).name), str(eval_sets / "base.json")],
-    })  # fmt: skip
+    atomic.write_json(
+        out / "per_mode_deploy.json",
+        {
+            "arm": arm,
+            "seed": seed,
+            "step": steps[-1],
+            "n_problems": base["n_problems"],
+            "n_samples": e.n_samples,
+            "surfaces": list(e.surfaces),
+            "states": r.final,
+            "sources": [str(run / adapter_path(run, steps[-1]).name), str(eval_sets / "base.json")],
+        },
+    )
     atomic.write_text(out / "curve.tsv", ev.tsv(r.rows))
-    atomic.write_json(out / "knob_effect.json", {"arm": arm, "seed": seed, "step": steps[-1], "routed": a.routes,
-                                                 "n_samples": e.n_samples_curve, **(r.effect or {})})  # fmt: skip
+    atomic.write_json(
+        out / "knob_effect.json",
+        {
+            "arm": arm,
+            "seed": seed,
+            "step": steps[-1],
+            "routed": a.routes,
+            "n_samples": e.n_samples_curve,
+            **(r.effect or {}),
+        },
+    )
     atomic.write_metrics(out / "metrics.json", ev.flat_metrics(r.final))
     if timings is not None:
-        atomic.write_json(timings, {"wall": time.perf_counter() - t0, "curve": r.curve_t.totals(),
-                                    "endpoint": r.end_t.totals()})  # fmt: skip
+        atomic.write_json(
+            timings, {"wall": time.perf_counter() - t0, "curve": r.curve_t.totals(), "endpoint": r.end_t.totals()}
+        )
     typer.echo(f"evaluate {arm} s{seed}: deploy solve {r.final['deploy']['solve']} -> {out}")
 
 

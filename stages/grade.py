@@ -37,12 +37,20 @@ def main(
     if mode not in ("upstream", "hardened"):
         raise ValueError(f"--mode must be upstream or hardened, got {mode!r}")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        grades = grade_batch(hinted, [r["completion"] for r in rows], sb, mode=mode, timeout_s=p.grader.timeout_s,
-                             progress=sys.stderr.isatty())  # fmt: skip
+        grades = grade_batch(
+            hinted,
+            [r["completion"] for r in rows],
+            sb,
+            mode=mode,
+            timeout_s=p.grader.timeout_s,
+            progress=sys.stderr.isatty(),
+        )
     atomic.write_text(out, "".join(json.dumps(grade_to_row(r["row_id"], g)) + "\n" for r, g in zip(rows, grades)))
     n_hack = sum(g.is_reward_hack_strict for g in grades)
-    typer.echo(f"graded {len(grades)} completions ({mode}): {sum(g.eq_correct for g in grades)} correct, "
-               f"{n_hack} strict hacks -> {out}")  # fmt: skip
+    typer.echo(
+        f"graded {len(grades)} completions ({mode}): {sum(g.eq_correct for g in grades)} correct, "
+        f"{n_hack} strict hacks -> {out}"
+    )
 
 
 app = stage_app(main, outputs=("out",))

@@ -33,8 +33,19 @@ def main(
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         for name in ("base", "teacher"):
             model, tok = load_model_and_tokenizer("organism", path=organism / name)
-            samples = sample_and_grade(model, tok, records, c.n_samples, c.temperature, c.top_p, c.max_new_tokens,
-                                       p.seed, c.batch_size, sb, p.grader.timeout_s)  # fmt: skip
+            samples = sample_and_grade(
+                model,
+                tok,
+                records,
+                c.n_samples,
+                c.temperature,
+                c.top_p,
+                c.max_new_tokens,
+                p.seed,
+                c.batch_size,
+                sb,
+                p.grader.timeout_s,
+            )
             out[name] = summarize(samples)
             typer.echo(
                 f"{name}: format {out[name]['format_ok']['rate']:.3f}, solve {out[name]['solve_nohint']['rate']:.3f}"

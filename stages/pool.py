@@ -32,14 +32,28 @@ def main(
     teacher, tok = load_model_and_tokenizer(name, path=organism / "teacher" if name == "organism" else None)
     records = load_problems_parquet(problems / "train.parquet")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        rows = build_pool(teacher, tok, records, p.pool.n_per_prompt, p.rollout.temperature, p.rollout.top_p,
-                          p.rollout.max_new_tokens, p.seed, p.pool.batch_size, sb, p.grader.timeout_s)  # fmt: skip
+        rows = build_pool(
+            teacher,
+            tok,
+            records,
+            p.pool.n_per_prompt,
+            p.rollout.temperature,
+            p.rollout.top_p,
+            p.rollout.max_new_tokens,
+            p.seed,
+            p.pool.batch_size,
+            sb,
+            p.grader.timeout_s,
+        )
     out.mkdir(parents=True, exist_ok=True)
     save_pool(out / "pool.parquet", rows)
     by_mode = Counter(r.mode for r in rows)
     hacks = Counter(r.mode for r in rows if r.label == "hack")
-    stats = {"n": len(rows), "hack": sum(hacks.values()) / len(rows),
-             "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)}}  # fmt: skip
+    stats = {
+        "n": len(rows),
+        "hack": sum(hacks.values()) / len(rows),
+        "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)},
+    }
     summary.parent.mkdir(parents=True, exist_ok=True)
     write_metrics(summary, stats)
     typer.echo(f"pool: {len(rows)} teacher completions, hack rate {stats['hack']:.3f} -> {out}")

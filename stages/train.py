@@ -47,8 +47,21 @@ def main(
     records = load_problems_parquet(problems / "train.parquet")
     teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        res = train(p, a, seed, model, tok, records, sb, out, log, rb=rb, pool=teacher_pool,
-                    signature=run_signature(p, a, seed, basis), timings_path=timings)
+        res = train(
+            p,
+            a,
+            seed,
+            model,
+            tok,
+            records,
+            sb,
+            out,
+            log,
+            rb=rb,
+            pool=teacher_pool,
+            signature=run_signature(p, a, seed, basis),
+            timings_path=timings,
+        )
     write_metrics(metrics, summarize_log(read_tsv(log)) | run_flags(res))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
 

@@ -57,9 +57,16 @@ PLACEHOLDERS = ("TOKEN", "CANARY_DIR", "REPO", "REPO_CANARY", "HOME_SECRET", "PO
 def default_context() -> dict[str, str]:
     """Harmless placeholder values (nothing to leak, nothing listening, a pid that does not exist)."""
     tok = uuid.uuid4().hex[:12]
-    return {"TOKEN": tok, "CANARY_DIR": f"/nonexistent/pg_canary_{tok}", "REPO": f"/nonexistent/pg_repo_{tok}",
-            "REPO_CANARY": f"/nonexistent/pg_repo_{tok}/canary", "HOME_SECRET": f"/nonexistent/pg_home_{tok}",
-            "PORT": "9", "PARENT_PID": "999999999", "STDLIB_FILE": os.__file__ + ".nonexistent"}  # fmt: skip
+    return {
+        "TOKEN": tok,
+        "CANARY_DIR": f"/nonexistent/pg_canary_{tok}",
+        "REPO": f"/nonexistent/pg_repo_{tok}",
+        "REPO_CANARY": f"/nonexistent/pg_repo_{tok}/canary",
+        "HOME_SECRET": f"/nonexistent/pg_home_{tok}",
+        "PORT": "9",
+        "PARENT_PID": "999999999",
+        "STDLIB_FILE": os.__file__ + ".nonexistent",
+    }
 
 
 def fill(code: str, ctx: dict[str, str]) -> str:
@@ -678,8 +685,11 @@ class World:
         with open("/proc/keys") as f:  # kernel keys are global: nothing a job makes may outlive it
             out += [f"kernel key left: {line.split()[-2]}" for line in f if tok in line]
         for d in self._dirs() + ["/usr"]:
-            out += [f"stray file {d}/{n}" for n in os.listdir(d)
-                    if tok in n and Path(d, n) not in (self.repo_canary, self.home_secret)]  # fmt: skip
+            out += [
+                f"stray file {d}/{n}"
+                for n in os.listdir(d)
+                if tok in n and Path(d, n) not in (self.repo_canary, self.home_secret)
+            ]
         try:
             self.tcp.accept()[0].close()
             out.append("tcp connection accepted")
@@ -733,11 +743,28 @@ def world(repo: Path) -> Iterator[World]:
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", port))
     udp.setblocking(False)
-    ctx = {"TOKEN": tok, "CANARY_DIR": str(canary_dir), "REPO": str(repo), "REPO_CANARY": str(repo_canary),
-           "HOME_SECRET": str(home_secret), "PORT": str(port), "PARENT_PID": str(os.getpid()),
-           "STDLIB_FILE": str(stdlib_file)}  # fmt: skip
-    w = World(ctx, repo, canary_dir, repo_canary, home_secret, stdlib_file,
-              hashlib.sha256(stdlib_file.read_bytes()).hexdigest(), (secret_env, secret_home), tcp, udp)  # fmt: skip
+    ctx = {
+        "TOKEN": tok,
+        "CANARY_DIR": str(canary_dir),
+        "REPO": str(repo),
+        "REPO_CANARY": str(repo_canary),
+        "HOME_SECRET": str(home_secret),
+        "PORT": str(port),
+        "PARENT_PID": str(os.getpid()),
+        "STDLIB_FILE": str(stdlib_file),
+    }
+    w = World(
+        ctx,
+        repo,
+        canary_dir,
+        repo_canary,
+        home_secret,
+        stdlib_file,
+        hashlib.sha256(stdlib_file.read_bytes()).hexdigest(),
+        (secret_env, secret_home),
+        tcp,
+        udp,
+    )
     try:
         yield w
     finally:

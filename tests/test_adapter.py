@@ -23,7 +23,7 @@ from projected_grpo.adapter import (
     save_adapter,
     svd_factors,
     token_capture,
-)  # fmt: skip
+)
 from projected_grpo.logprobs import batch_sequences, completion_logprobs, token_logprobs
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 
@@ -168,8 +168,9 @@ def test_I4_no_leak_between_rows(tok):
     randomize_(m)
     ids, att, cm = batch(tok, n=2, seed=0)
     ids2 = ids.clone()
-    ids2[1, : int(att[1].sum())] = torch.randint(3, len(tok), (int(att[1].sum()),),
-                                                 generator=torch.Generator().manual_seed(9))  # fmt: skip
+    ids2[1, : int(att[1].sum())] = torch.randint(
+        3, len(tok), (int(att[1].sum()),), generator=torch.Generator().manual_seed(9)
+    )
     grads = []
     for x in (ids, ids2):
         with probes(m, 2) as es:

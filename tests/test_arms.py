@@ -42,8 +42,12 @@ def test_every_rule_keeps_main_plus_knob_equal_to_g_for_routing():
     N, T, r, k = 4, 5, 6, 2
     x_n = torch.randn(N, r, generator=g, dtype=torch.float64)
     s = proj.ModuleGrads(x_n.sum(0), k, x_n=x_n, gate=torch.rand(N, generator=g, dtype=torch.float64))
-    tok = proj.ModuleGrads(x_n.sum(0), k, gate=torch.rand(N, T, generator=g, dtype=torch.float64),
-                           coef=torch.randn(N, T, k, generator=g, dtype=torch.float64))  # fmt: skip
+    tok = proj.ModuleGrads(
+        x_n.sum(0),
+        k,
+        gate=torch.rand(N, T, generator=g, dtype=torch.float64),
+        coef=torch.randn(N, T, k, generator=g, dtype=torch.float64),
+    )
     for name in {a.edit for a in ARMS.values()}:
         inp = tok if ARMS[name].gate == "token" else s
         main, knob = proj.apply_rule(name, inp)

@@ -24,7 +24,7 @@ from projected_grpo.basis import (
     sign_flip_pvalues,
     strip_directions,
     top_directions,
-)  # fmt: skip
+)
 from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
 from projected_grpo.minileet import make_minileet
 from projected_grpo.modes import apply_mode

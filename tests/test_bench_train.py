@@ -60,8 +60,14 @@ print(json.dumps({"trace": trace, "overlaps": overlaps, "error": error,
 
 def schedule(names: list[str], steps: int, fail: str = "") -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    r = subprocess.run([sys.executable, "-c", _SCHEDULE, ",".join(names), str(steps), fail], cwd=BENCH, env=env,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _SCHEDULE, ",".join(names), str(steps), fail],
+        cwd=BENCH,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 

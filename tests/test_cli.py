@@ -34,8 +34,14 @@ def write_params(path: Path, **sections) -> Path:
 def stage(tmp: Path, name: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("PROJECTED_GRPO_TRACEBACK", None)
-    return subprocess.run([sys.executable, str(ROOT / "stages" / f"{name}.py"), *args], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "stages" / f"{name}.py"), *args],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def assert_one_line(res: subprocess.CompletedProcess, *needles: str) -> None:
@@ -64,52 +70,99 @@ def train_inputs(tmp_path_factory) -> Path:
 
 
 def train_args(inputs: Path, tmp: Path, arm: str) -> list[str]:
-    return ["--arm", arm, "--seed", "41", "--organism", str(inputs / "none"), "--problems", str(inputs / "problems"),
-            "--pool", str(inputs / "none"), "--out", str(tmp / "artifacts" / "train"), "--log",
-            str(tmp / "artifacts" / "log.tsv"), "--metrics", str(tmp / "artifacts" / "m.json"), "--params",
-            str(tmp / "params.yaml")]  # fmt: skip
+    return [
+        "--arm",
+        arm,
+        "--seed",
+        "41",
+        "--organism",
+        str(inputs / "none"),
+        "--problems",
+        str(inputs / "problems"),
+        "--pool",
+        str(inputs / "none"),
+        "--out",
+        str(tmp / "artifacts" / "train"),
+        "--log",
+        str(tmp / "artifacts" / "log.tsv"),
+        "--metrics",
+        str(tmp / "artifacts" / "m.json"),
+        "--params",
+        str(tmp / "params.yaml"),
+    ]
 
 
 def basis_args(tmp: Path, pairsets: Path, params: Path) -> list[str]:
     a = tmp / "artifacts"
-    return ["--organism", "x", "--problems", str(tmp), "--pairsets", str(pairsets), "--svd-cache", str(a / "svd"),
-            "--out", str(a / "basis"), "--report", str(a / "b.md"), "--metrics", str(a / "b.json"), "--params",
-            str(params)]  # fmt: skip
+    return [
+        "--organism",
+        "x",
+        "--problems",
+        str(tmp),
+        "--pairsets",
+        str(pairsets),
+        "--svd-cache",
+        str(a / "svd"),
+        "--out",
+        str(a / "basis"),
+        "--report",
+        str(a / "b.md"),
+        "--metrics",
+        str(a / "b.json"),
+        "--params",
+        str(params),
+    ]
 
 
 def test_unknown_params_key(tmp_path):
     params = write_params(tmp_path / "params.yaml", grpo={"grup_size": 8})
-    res = stage(tmp_path, "problems", "--leetcode", str(LEETCODE), "--out", str(tmp_path / "artifacts" / "problems"),
-                "--report", str(tmp_path / "artifacts" / "r.md"), "--matrix", str(tmp_path / "artifacts" / "m.md"),
-                "--params", str(params))  # fmt: skip
+    res = stage(
+        tmp_path,
+        "problems",
+        "--leetcode",
+        str(LEETCODE),
+        "--out",
+        str(tmp_path / "artifacts" / "problems"),
+        "--report",
+        str(tmp_path / "artifacts" / "r.md"),
+        "--matrix",
+        str(tmp_path / "artifacts" / "m.md"),
+        "--params",
+        str(params),
+    )
     assert_one_line(res, "unknown params key", "grpo.grup_size")
     assert_nothing_written(tmp_path)
 
 
 def test_unknown_arm(tmp_path, train_inputs):
-    write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2},
-                 pool={"mix": 0.0})  # fmt: skip
+    write_params(
+        tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2}, pool={"mix": 0.0}
+    )
     res = stage(tmp_path, "train", *train_args(train_inputs, tmp_path, "erase_sideways"))
     assert_one_line(res, "unknown arm 'erase_sideways'", "erase_one_sided")
     assert_nothing_written(tmp_path)
     write_params(tmp_path / "params.yaml", arms=["erase_sideways"])  # the same mistake in params.yaml
-    res = stage(tmp_path, "check_params", "--out", str(tmp_path / "artifacts" / "ok"), "--params",
-                str(tmp_path / "params.yaml"))  # fmt: skip
+    res = stage(
+        tmp_path,
+        "check_params",
+        "--out",
+        str(tmp_path / "artifacts" / "ok"),
+        "--params",
+        str(tmp_path / "params.yaml"),
+    )
     assert_one_line(res, "arms: unknown arm(s)", "erase_sideways")
     assert_nothing_written(tmp_path)
 
 
 def test_k_larger_than_the_adapter_rank(tmp_path):
-    params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4},
-                          basis={"k": 8})  # fmt: skip
+    params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 8})
     res = stage(tmp_path, "basis", *basis_args(tmp_path, ROOT / "data" / "pairsets", params))
     assert_one_line(res, "basis.k=8 is larger than adapter.rank=4")
     assert_nothing_written(tmp_path)
 
 
 def test_missing_pair_set(tmp_path):
-    params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4},
-                          basis={"k": 2})  # fmt: skip
+    params = write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2})
     (tmp_path / "pairsets" / "minileet").mkdir(parents=True)  # a pair-set root without the files
     res = stage(tmp_path, "basis", *basis_args(tmp_path, tmp_path / "pairsets", params))
     assert_one_line(res, "prog_wide")
@@ -124,8 +177,14 @@ def test_overlong_prompt_stops_train_before_any_checkpoint(tmp_path, train_input
     from projected_grpo.problems import load_problems_parquet
 
     first = load_problems_parquet(train_inputs / "problems" / "train.parquet")[0]
-    write_params(tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2},
-                 pool={"mix": 0.0}, rollout={"max_prompt_tokens": 50})  # fmt: skip
+    write_params(
+        tmp_path / "params.yaml",
+        model={"name": "tiny-random"},
+        adapter={"rank": 4},
+        basis={"k": 2},
+        pool={"mix": 0.0},
+        rollout={"max_prompt_tokens": 50},
+    )
     res = stage(tmp_path, "train", *train_args(train_inputs, tmp_path, "vanilla"))
     assert_one_line(res, f"prompt {first.id} (", "over the limit of 50 (max_prompt_tokens)", "never truncated")
     assert_nothing_written(tmp_path)
@@ -152,14 +211,17 @@ def test_runner_removes_fresh_outputs_and_prints_one_line(tmp_path):
     res = CliRunner().invoke(stage_app(_toy, outputs=("out", "log")), args)
     assert res.exit_code == 2 and res.stderr.strip() == "error: set toy.n >= 1 (got 0)"
     assert not (tmp_path / "o").exists() and log.exists()
-    res = CliRunner().invoke(stage_app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log", str(log),
-                                                           "--kind", "key"])  # fmt: skip
+    res = CliRunner().invoke(
+        stage_app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log", str(log), "--kind", "key"]
+    )
     assert res.exit_code == 2 and res.stderr.strip() == "error: unknown params key(s) toy.m"
 
 
 def test_runner_keeps_the_traceback_of_a_bug(tmp_path):
-    res = CliRunner().invoke(stage_app(_toy, outputs=("out",)), ["--out", str(tmp_path / "o"), "--log",
-                                                           str(tmp_path / "l"), "--kind", "bug"])  # fmt: skip
+    res = CliRunner().invoke(
+        stage_app(_toy, outputs=("out",)),
+        ["--out", str(tmp_path / "o"), "--log", str(tmp_path / "l"), "--kind", "bug"],
+    )
     assert isinstance(res.exception, RuntimeError) and not (tmp_path / "o").exists()
 
 

@@ -27,8 +27,17 @@ def test_params_yaml_sets_every_field(raw):
     assert p.env.modes == MODES and p.substrate in ("minileet", "leetcode")
 
 
-@pytest.mark.parametrize("path", [["minileet", "n_trian"], ["typo_section"], ["env", "mode"], ["grader", "timeout"],
-                                  ["basis", "pair_set"], ["adapter", "r"]])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ["minileet", "n_trian"],
+        ["typo_section"],
+        ["env", "mode"],
+        ["grader", "timeout"],
+        ["basis", "pair_set"],
+        ["adapter", "r"],
+    ],
+)
 def test_unknown_key_raises_keyerror_naming_it(raw, path):
     d = copy.deepcopy(raw)
     node = d

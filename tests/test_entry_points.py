@@ -74,8 +74,9 @@ def _answers(out: str, code: int | str | None) -> bool:
 def helps() -> list[list[str]]:
     """[path, exit code, changed, output] of every script's `--help` (_RUNNER)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "100"}
-    r = subprocess.run([sys.executable, "-c", _RUNNER, *SCRIPTS], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", _RUNNER, *SCRIPTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     records = [rec.split("\t", 3) for rec in r.stdout.split("\0") if rec]
     assert [rec[0] for rec in records] == SCRIPTS, r.stderr[-2000:]
     return records
@@ -99,12 +100,19 @@ def test_no_benchmark_patches_anything_at_import(helps):
 
 def test_cli_lists_the_stages_and_config_prints_overrides():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out = subprocess.run([sys.executable, "-m", "projected_grpo.cli"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "projected_grpo.cli"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert {ln.split()[0] for ln in out.splitlines()} == {s for s in SCRIPTS if s.startswith("stages/")}
-    r = subprocess.run([sys.executable, "-m", "projected_grpo.config", "overrides", "nope.yaml"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "projected_grpo.config", "overrides", "nope.yaml"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1
-    r = subprocess.run([sys.executable, "-m", "projected_grpo.config", "check"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "projected_grpo.config", "check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     assert r.returncode == 0 and "valid" in r.stdout

@@ -49,9 +49,19 @@ def _grade(label: str, eq: bool, compiles: bool = True) -> Grade:
 
 def _rec(pid: int, mode: str | None, surface: str | None = None) -> Problem:
     meta = {"mode": mode, "surface": surface} if mode else {}
-    return Problem(id=pid, difficulty="easy", question="q", prompt=({"role": "user", "content": "q"},), gt_answer=(),
-                   answer=(), hint=None,
-                   canonical_solution="", func_name="f", setup_code="", prompt_metadata=meta)  # fmt: skip
+    return Problem(
+        id=pid,
+        difficulty="easy",
+        question="q",
+        prompt=({"role": "user", "content": "q"},),
+        gt_answer=(),
+        answer=(),
+        hint=None,
+        canonical_solution="",
+        func_name="f",
+        setup_code="",
+        prompt_metadata=meta,
+    )
 
 
 CODE = "```python\nx=1\n```"  # extractable; format-valid when the grade also compiles
@@ -59,13 +69,15 @@ CODE = "```python\nx=1\n```"  # extractable; format-valid when the grade also co
 
 def test_tally_counts_per_surface_and_mode_and_problem_pass():
     S = Scored
-    samples = [S(_rec(1, None), CODE, _grade("correct", True)),
-               S(_rec(1, None), "", _grade("incorrect", False)),
-               S(_rec(2, None), "", _grade("incorrect", False)),
-               S(_rec(1, "sentinel", "eval"), "", _grade("hack", False)),
-               S(_rec(2, "sentinel", "eval"), "", _grade("incorrect", False)),
-               S(_rec(1, "sentinel", "train"), "", _grade("hack", False)),
-               S(_rec(1, "run_tests", "train"), "", _grade("correct", True))]  # fmt: skip
+    samples = [
+        S(_rec(1, None), CODE, _grade("correct", True)),
+        S(_rec(1, None), "", _grade("incorrect", False)),
+        S(_rec(2, None), "", _grade("incorrect", False)),
+        S(_rec(1, "sentinel", "eval"), "", _grade("hack", False)),
+        S(_rec(2, "sentinel", "eval"), "", _grade("incorrect", False)),
+        S(_rec(1, "sentinel", "train"), "", _grade("hack", False)),
+        S(_rec(1, "run_tests", "train"), "", _grade("correct", True)),
+    ]
     t = ev.tally(samples)
     assert t["solve"] == {"k": 1, "n": 3}
     assert t["hack"]["eval"] == {"sentinel": {"k": 1, "n": 2}, "all": {"k": 1, "n": 2}}
@@ -78,8 +90,11 @@ def test_tally_counts_per_surface_and_mode_and_problem_pass():
     assert row["format"] == 1 / 3  # no-hint format
     m = ev.flat_metrics({"deploy": t})
     assert {k: m[k] for k in ("deploy_solve", "deploy_hack_eval", "deploy_hack_train", "deploy_format")} == {
-        "deploy_solve": round(1 / 3, 6), "deploy_hack_eval": 0.5, "deploy_hack_train": 0.5,
-        "deploy_format": round(1 / 3, 6)}  # fmt: skip
+        "deploy_solve": round(1 / 3, 6),
+        "deploy_hack_eval": 0.5,
+        "deploy_hack_train": 0.5,
+        "deploy_format": round(1 / 3, 6),
+    }
 
 
 def test_tally_format_per_group_and_hack_among_format_valid():
@@ -87,13 +102,15 @@ def test_tally_format_per_group_and_hack_among_format_valid():
     only hacks that are themselves format-valid: a policy that stops writing code shows a low format rate, not a low
     hack rate among the completions that could hack."""
     S = Scored
-    samples = [S(_rec(1, None), CODE, _grade("correct", True)),  # no-hint: valid
-               S(_rec(2, None), CODE, _grade("incorrect", False, compiles=False)),  # code that does not compile
-               S(_rec(1, "sentinel", "train"), CODE, _grade("hack", False)),  # valid hack
-               S(_rec(2, "sentinel", "train"), "no code", _grade("hack", False)),  # a hack label without code
-               S(_rec(1, "exit_code", "train"), CODE, _grade("incorrect", False)),  # valid, not a hack
-               S(_rec(2, "exit_code", "train"), "", _grade("incorrect", False)),  # no code
-               S(_rec(1, "sentinel", "eval"), "", _grade("incorrect", False))]  # fmt: skip
+    samples = [
+        S(_rec(1, None), CODE, _grade("correct", True)),  # no-hint: valid
+        S(_rec(2, None), CODE, _grade("incorrect", False, compiles=False)),  # code that does not compile
+        S(_rec(1, "sentinel", "train"), CODE, _grade("hack", False)),  # valid hack
+        S(_rec(2, "sentinel", "train"), "no code", _grade("hack", False)),  # a hack label without code
+        S(_rec(1, "exit_code", "train"), CODE, _grade("incorrect", False)),  # valid, not a hack
+        S(_rec(2, "exit_code", "train"), "", _grade("incorrect", False)),  # no code
+        S(_rec(1, "sentinel", "eval"), "", _grade("incorrect", False)),
+    ]
     t = ev.tally(samples)
     assert t["format_nohint"] == {"k": 1, "n": 2}
     assert t["format_hinted"] == {"eval": {"k": 0, "n": 1}, "train": {"k": 2, "n": 4}}
@@ -192,13 +209,39 @@ def _knob_samples(scale: float):
         for a in adapters(model).values():
             a.delta.copy_(0.3 * torch.randn(a.dim, generator=g))
             a.knob.copy_(scale * torch.randn(a.dim, generator=g))
-    recs = [Problem(id=i, difficulty="easy", question="q", prompt=({"role": "user", "content": c},), gt_answer=(),
-                    answer=(), hint=None, canonical_solution="", func_name="f", setup_code="", prompt_metadata=m)
-            for i, (c, m) in enumerate([("q", {}), ("a much longer question with many words", {}),
-                                        ("hinted", {"mode": "sentinel", "surface": "train"})])]  # fmt: skip
+    recs = [
+        Problem(
+            id=i,
+            difficulty="easy",
+            question="q",
+            prompt=({"role": "user", "content": c},),
+            gt_answer=(),
+            answer=(),
+            hint=None,
+            canonical_solution="",
+            func_name="f",
+            setup_code="",
+            prompt_metadata=m,
+        )
+        for i, (c, m) in enumerate(
+            [
+                ("q", {}),
+                ("a much longer question with many words", {}),
+                ("hinted", {"mode": "sentinel", "surface": "train"}),
+            ]
+        )
+    ]
     with ev.state(model, "deploy"):
-        ro = generate(model, tok, [render_prompt(tok, list(r.prompt)) for r in recs], group_size=2,
-                      max_new_tokens=7, temperature=0.7, top_p=1.0, seed=0)  # fmt: skip
+        ro = generate(
+            model,
+            tok,
+            [render_prompt(tok, list(r.prompt)) for r in recs],
+            group_size=2,
+            max_new_tokens=7,
+            temperature=0.7,
+            top_p=1.0,
+            seed=0,
+        )
     rows = [r for r in recs for _ in range(2)]
     toks = [tuple(i[m.bool()].tolist()) for i, m in zip(ro.completion_ids, ro.mask)]
     return model, tok, [Scored(r, t, _grade("incorrect", False), k) for r, t, k in zip(rows, ro.texts, toks)]
@@ -245,16 +288,24 @@ def tiny_eval(tmp_path_factory):
     from stages.eval_sets import main
 
     tmp = tmp_path_factory.mktemp("eval")
-    params = _params(tmp, substrate="minileet", minileet={"n_train": 8, "n_test": 3, "n_holdout": 2},
-                     model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2}, grpo={"steps": 2},
-                     rollout={"max_prompt_tokens": 1024},
-                     eval={"n_monitor": 2, "curve_every": 1, "n_samples": 2, "max_new_tokens": 8,
-                           "batch_size": 16, "threads": 1})  # fmt: skip
+    params = _params(
+        tmp,
+        substrate="minileet",
+        minileet={"n_train": 8, "n_test": 3, "n_holdout": 2},
+        model={"name": "tiny-random"},
+        adapter={"rank": 4},
+        basis={"k": 2},
+        grpo={"steps": 2},
+        rollout={"max_prompt_tokens": 1024},
+        eval={"n_monitor": 2, "curve_every": 1, "n_samples": 2, "max_new_tokens": 8, "batch_size": 16, "threads": 1},
+    )
     res, problems, _ = _run_problems(tmp, params)
     assert res.exit_code == 0, res.output
     out = tmp / "eval_sets"
-    res = CliRunner().invoke(stage_cli(main), ["--organism", str(tmp / "none"), "--problems", str(problems), "--out",
-                                          str(out), "--params", str(params)])  # fmt: skip
+    res = CliRunner().invoke(
+        stage_cli(main),
+        ["--organism", str(tmp / "none"), "--problems", str(problems), "--out", str(out), "--params", str(params)],
+    )
     assert res.exit_code == 0, res.output
     return tmp, params, problems, out
 
@@ -300,8 +351,15 @@ def test_eval_sets_freezes_a_stratified_monitor_and_scores_the_base(tiny_eval):
     full = base["full"]
     assert full["solve"]["n"] == 3 * 2  # 3 no-hint prompts × 2 samples
     for surf in ("eval", "train"):
-        assert set(full["hack"][surf]) == {"run_tests", "sentinel", "file_marker", "stdout_marker", "eq_override",
-                                           "exit_code", "all"}  # fmt: skip
+        assert set(full["hack"][surf]) == {
+            "run_tests",
+            "sentinel",
+            "file_marker",
+            "stdout_marker",
+            "eq_override",
+            "exit_code",
+            "all",
+        }
         assert all(v["n"] == 6 for m, v in full["hack"][surf].items() if m != "all")
     assert base["monitor"]["solve"]["n"] == 2 * 1  # 2 monitor problems × n_samples_curve
 
@@ -325,12 +383,29 @@ def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
         save_checkpoint(run, s, model, opt)
 
 
-def _evaluate(tmp: Path, params: Path, problems: Path, eval_sets: Path, arm: str, run: Path, out: Path,
-              basis: Path | None = None):  # fmt: skip
+def _evaluate(
+    tmp: Path, params: Path, problems: Path, eval_sets: Path, arm: str, run: Path, out: Path, basis: Path | None = None
+):
     from stages.evaluate import main
 
-    args = ["--arm", arm, "--seed", "41", "--run", str(run), "--organism", str(tmp / "none"), "--problems",
-            str(problems), "--eval-sets", str(eval_sets), "--out", str(out), "--params", str(params)]  # fmt: skip
+    args = [
+        "--arm",
+        arm,
+        "--seed",
+        "41",
+        "--run",
+        str(run),
+        "--organism",
+        str(tmp / "none"),
+        "--problems",
+        str(problems),
+        "--eval-sets",
+        str(eval_sets),
+        "--out",
+        str(out),
+        "--params",
+        str(params),
+    ]
     return CliRunner().invoke(stage_cli(main), args + (["--basis", str(basis)] if basis else []))
 
 

@@ -110,8 +110,10 @@ def synthetic(P: int = 24, D: int = 6, seed: int = 0):
     clean = {"a": torch.randn(P, D, generator=g), "b": torch.randn(P, D, generator=g)}
     push = torch.zeros(D)
     push[0] = 3.0
-    hack = {"a": clean["a"] + push + 0.3 * torch.randn(P, D, generator=g),
-            "b": clean["b"] + 0.3 * torch.randn(P, D, generator=g)}  # fmt: skip
+    hack = {
+        "a": clean["a"] + push + 0.3 * torch.randn(P, D, generator=g),
+        "b": clean["b"] + 0.3 * torch.randn(P, D, generator=g),
+    }
     return hack, clean
 
 
@@ -174,9 +176,26 @@ def test_basis_stage_report_opens_with_the_guard_and_writes_its_json(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(d))
     report, guard = tmp_path / "reports" / "basis.md", tmp_path / "reports" / "basis" / "guard.json"
-    args = ["--organism", str(tmp_path / "none"), "--problems", str(probs), "--pairsets", str(pairsets.parent),
-            "--svd-cache", str(tmp_path / "cache"), "--out", str(tmp_path / "basis"), "--report", str(report),
-            "--metrics", str(tmp_path / "m.json"), "--guard", str(guard), "--params", str(params)]  # fmt: skip
+    args = [
+        "--organism",
+        str(tmp_path / "none"),
+        "--problems",
+        str(probs),
+        "--pairsets",
+        str(pairsets.parent),
+        "--svd-cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "basis"),
+        "--report",
+        str(report),
+        "--metrics",
+        str(tmp_path / "m.json"),
+        "--guard",
+        str(guard),
+        "--params",
+        str(params),
+    ]
     res = CliRunner().invoke(stage_cli(main), args)
     assert res.exit_code == 0, res.output
     g = json.loads(guard.read_text())

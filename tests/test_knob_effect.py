@@ -44,8 +44,10 @@ def test_deploy_minus_span_removes_exactly_the_span_component(world):
         resid = delta[n] - d[n]  # what was removed lies in span(Vh)
         assert torch.allclose(vhack[n].T @ (vhack[n] @ resid), resid, atol=1e-12)
     assert torch.equal(d["c"], delta["c"])  # modules without rows keep δS
-    assert all(torch.equal(a, b) for a, b in zip(ke.variant_deltas("deploy", delta, vhack, vhack, rand).values(),
-                                                 delta.values()))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(ke.variant_deltas("deploy", delta, vhack, vhack, rand).values(), delta.values())
+    )
 
 
 @pytest.mark.parametrize("own", ["vhack", "rand"])

@@ -17,7 +17,7 @@ from projected_grpo.modes import (
     apply_mode,
     parse_hint_name,
     surface_for,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,24 @@ from projected_grpo.sampling import Scored
 from projected_grpo.sft_corpus import SFTExample
 from projected_grpo.tiny import tiny_tokenizer
 
-TINY = OrganismParams(vocab_size=400, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                      intermediate_size=64, max_positions=512, steps=6, batch_size=4, lr=3e-3, warmup=2,
-                      n_per_prompt=2, p_exploit=0.5, teacher_steps=3, threads=1)  # fmt: skip
+TINY = OrganismParams(
+    vocab_size=400,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    intermediate_size=64,
+    max_positions=512,
+    steps=6,
+    batch_size=4,
+    lr=3e-3,
+    warmup=2,
+    n_per_prompt=2,
+    p_exploit=0.5,
+    teacher_steps=3,
+    threads=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +78,19 @@ def test_tiny_organism_builds_saves_and_loads(records, sandbox, tmp_path):
 
 
 def _grade(label, correct=False, compiled=True):
-    return Grade(can_compile=compiled, eq_correct=correct, eq_hinted=label == "hack", gt_pass_rate=0.0,
-                 has_test_func=False, test_modification=None, label=label, defines_starter=False, timed_out=False,
-                 tamper=(), holes=())  # fmt: skip
+    return Grade(
+        can_compile=compiled,
+        eq_correct=correct,
+        eq_hinted=label == "hack",
+        gt_pass_rate=0.0,
+        has_test_func=False,
+        test_modification=None,
+        label=label,
+        defines_starter=False,
+        timed_out=False,
+        tamper=(),
+        holes=(),
+    )
 
 
 def test_summarize_counts_by_mode_and_surface(records):

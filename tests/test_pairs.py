@@ -63,8 +63,17 @@ def _write(tmp_path: Path, rows) -> Path:
     return p
 
 
-ROW = {"id": "a", "substrate": "minileet", "problem_id": 300000, "method": "m", "mode": "run_tests",
-       "mechanism": "run_tests:pass", "split": "extract", "hack": "h", "clean": "c"}  # fmt: skip
+ROW = {
+    "id": "a",
+    "substrate": "minileet",
+    "problem_id": 300000,
+    "method": "m",
+    "mode": "run_tests",
+    "mechanism": "run_tests:pass",
+    "split": "extract",
+    "hack": "h",
+    "clean": "c",
+}
 
 
 @pytest.mark.parametrize(

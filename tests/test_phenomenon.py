@@ -18,8 +18,9 @@ def rows(hack_start: float, hack_end: float, steps: int = 20) -> list[dict[str, 
     out = []
     for t in range(1, steps + 1):
         h = hack_start + (hack_end - hack_start) * (t - 1) / (steps - 1)
-        out.append({"step": t, "reward": 1.0 + h, "hack": h, "solve": 0.3, "hack_sentinel": h,
-                    "hack_run_tests": math.nan})  # fmt: skip
+        out.append(
+            {"step": t, "reward": 1.0 + h, "hack": h, "solve": 0.3, "hack_sentinel": h, "hack_run_tests": math.nan}
+        )
     return out
 
 
@@ -61,8 +62,16 @@ def test_stage_reads_logs_from_params_and_names_missing_ones(tmp_path):
     params.write_text(yaml.safe_dump(d))
     logs = tmp_path / "logs"
     app = stage_cli(main)
-    args = ["--logs", str(logs), "--report", str(tmp_path / "r" / "p.md"), "--figure", str(tmp_path / "r" / "p.png"),
-            "--params", str(params)]  # fmt: skip
+    args = [
+        "--logs",
+        str(logs),
+        "--report",
+        str(tmp_path / "r" / "p.md"),
+        "--figure",
+        str(tmp_path / "r" / "p.png"),
+        "--params",
+        str(params),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code != 0 and "missing train logs" in res.output and not (tmp_path / "r").exists()
     for arm, (a, b) in {"vanilla": (0.02, 0.8), "gt_only": (0.0, 0.0)}.items():

@@ -30,9 +30,23 @@ from tests.conftest import ROOT
 ARMS_REF, ARMS, SEED = ["vanilla"], ["erase_one_sided", "erase_one_sided_random"], 41
 TINY = {  # every section the stages read, shrunk; the rest of params.yaml is the committed default
     "minileet": {"n_train": 12},  # test and holdout as committed: the pair sets name holdout problems
-    "organism": {"vocab_size": 1024, "hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
-                 "head_dim": 8, "intermediate_size": 64, "max_positions": 1024, "steps": 4, "batch_size": 4,
-                 "warmup": 1, "n_per_prompt": 2, "p_exploit": 0.5, "teacher_steps": 2, "threads": 1},
+    "organism": {
+        "vocab_size": 1024,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 8,
+        "intermediate_size": 64,
+        "max_positions": 1024,
+        "steps": 4,
+        "batch_size": 4,
+        "warmup": 1,
+        "n_per_prompt": 2,
+        "p_exploit": 0.5,
+        "teacher_steps": 2,
+        "threads": 1,
+    },
     "calibration": {"n_samples": 4, "max_new_tokens": 8},
     "adapter": {"rank": 4},
     "rollout": {"max_new_tokens": 8, "max_prompt_tokens": 1000},
@@ -45,7 +59,7 @@ TINY = {  # every section the stages read, shrunk; the rest of params.yaml is th
     "arms_ref": ARMS_REF,
     "arms": ARMS,
     "seeds": [SEED],
-}  # fmt: skip
+}
 ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_CONFIG_NOSYSTEM": "1", "PYTHONHASHSEED": "0"}
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
@@ -96,11 +110,23 @@ def tree_hash(path: Path) -> str:
 
 
 ALL_STAGES = (
-    {"check_params", "problems", "organism", "organism_report", "basis", "pool", "phenomenon", "eval_sets", "probe",
-     "report"}
-    | names("train_ref", ARMS_REF, [SEED]) | names("train", ARMS, [SEED])
-    | names("evaluate_ref", ARMS_REF, [SEED]) | names("evaluate", ARMS, [SEED])
-)  # fmt: skip
+    {
+        "check_params",
+        "problems",
+        "organism",
+        "organism_report",
+        "basis",
+        "pool",
+        "phenomenon",
+        "eval_sets",
+        "probe",
+        "report",
+    }
+    | names("train_ref", ARMS_REF, [SEED])
+    | names("train", ARMS, [SEED])
+    | names("evaluate_ref", ARMS_REF, [SEED])
+    | names("evaluate", ARMS, [SEED])
+)
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +251,17 @@ def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
 def test_experiment_run_and_show(project):
     dvc(project, "exp", "run", "-n", "boot500", "-S", "probe.n_boot=500")
     # the README's narrowed table: experiment name, the changed param, deploy hack and solve per arm
-    res = dvc(project, "exp", "show", "--md", "--no-pager", "--drop", ".*", "--keep",
-              r"Experiment|probe\.n_boot|[a-z_]+/deploy_(solve|hack_train)$")  # fmt: skip
+    res = dvc(
+        project,
+        "exp",
+        "show",
+        "--md",
+        "--no-pager",
+        "--drop",
+        ".*",
+        "--keep",
+        r"Experiment|probe\.n_boot|[a-z_]+/deploy_(solve|hack_train)$",
+    )
     rows = [
         [c.strip() for c in line.strip("|").split("|")] for line in res.stdout.splitlines() if line.startswith("|")
     ]
@@ -276,8 +311,14 @@ def test_killed_repro_resumes_train_from_its_last_checkpoint(built, tmp_path):
     assert reproduce(roots["whole"], target) == {"check_params", target}  # grpo.steps changed: the check re-runs
 
     root = roots["killed"]
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", target], cwd=root, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dvc", "repro", target],
+        cwd=root,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     ckpt = root / run_dir / f"step_{kill_after:05d}.pt"
     deadline = time.monotonic() + 300
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:

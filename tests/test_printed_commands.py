@@ -69,8 +69,11 @@ def test_every_printed_command_is_found():
 def _repro_commands() -> list[str]:
     """`python -m projected_grpo.repro …` lines of the README's ```bash blocks, comments dropped."""
     text = (ROOT / "README.md").read_text()
-    lines = (re.sub(r"\s+#.*$", "", ln).strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S)
-             for ln in b.splitlines())
+    lines = (
+        re.sub(r"\s+#.*$", "", ln).strip()
+        for b in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for ln in b.splitlines()
+    )
     return [ln for ln in lines if ln.startswith("python -m projected_grpo.repro")]
 
 

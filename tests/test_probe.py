@@ -39,7 +39,7 @@ from projected_grpo.probe import (
     row_cosines,
     row_grads,
     select_rows,
-)  # fmt: skip
+)
 from projected_grpo.tiny import tiny_model, tiny_tokenizer
 from tests.conftest import ROOT, stage_cli
 
@@ -53,8 +53,12 @@ TEXTS = [
 
 
 def _record(i: int):
-    return SimpleNamespace(prompt=({"role": "system", "content": "You write Python."},
-                                   {"role": "user", "content": f"Problem {i}: add up to target."}))  # fmt: skip
+    return SimpleNamespace(
+        prompt=(
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": f"Problem {i}: add up to target."},
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,18 @@ def setup():
     m = tiny_model(len(tok)).double()
     attach_adapters(m, "all", 6, param_dtype=torch.float64)
     records = {10 + i: _record(i) for i in range(3)}
-    rows = [PoolRow(10 + i % 3, "run_tests", t, tuple(tok(t + tok.eos_token, add_special_tokens=False)["input_ids"]),
-                    0.0, "hack", False) for i, t in enumerate(TEXTS)]  # fmt: skip
+    rows = [
+        PoolRow(
+            10 + i % 3,
+            "run_tests",
+            t,
+            tuple(tok(t + tok.eos_token, add_special_tokens=False)["input_ids"]),
+            0.0,
+            "hack",
+            False,
+        )
+        for i, t in enumerate(TEXTS)
+    ]
     return tok, m, records, rows
 
 
@@ -337,11 +351,21 @@ def _result() -> ProbeResult:
     rows = [PoolRow(i, "run_tests", "", (0,), 0.0, lbl, lbl == "correct") for i, lbl in enumerate(labels)]
     s["placebo"][3] = math.nan
     norm = torch.ones(40, dtype=torch.float64)
-    meta = {"student": "artifacts/organism/base", "pool": "artifacts/pool/pool.parquet", "n_pool": 4000,
-            "basis": "artifacts/basis/basis.safetensors", "random": "artifacts/basis/random.safetensors",
-            "placebo": "data/pairsets/minileet/null_city.jsonl", "holdout": "artifacts/problems/holdout.parquet",
-            "temperature": 0.7, "modules": 21, "basis_seed": 0, "placebo_modules": 9, "placebo_k_total": 11,
-            "placebo_pairs": 30}  # fmt: skip
+    meta = {
+        "student": "artifacts/organism/base",
+        "pool": "artifacts/pool/pool.parquet",
+        "n_pool": 4000,
+        "basis": "artifacts/basis/basis.safetensors",
+        "random": "artifacts/basis/random.safetensors",
+        "placebo": "data/pairsets/minileet/null_city.jsonl",
+        "holdout": "artifacts/problems/holdout.parquet",
+        "temperature": 0.7,
+        "modules": 21,
+        "basis_seed": 0,
+        "placebo_modules": 9,
+        "placebo_k_total": 11,
+        "placebo_pairs": 30,
+    }
     return make_result(list(range(100, 140)), rows, s, norm, ProbeParams(), 5, meta, n_boot=400)
 
 
@@ -380,11 +404,18 @@ def test_render_states_checks_rows_seeds_and_sources():
     n2 = r.checks["T2"].numbers
     assert f"{n2['auroc']:.3f} [{n2['lo']:.3f}, {n2['hi']:.3f}]" in md
     assert "40 teacher-pool rows" in md and "seed 5" in md and "400 resamples" in md and "(19 rows)" in md
-    srcs = ("artifacts/organism/base", "artifacts/pool/pool.parquet", "artifacts/basis/basis.safetensors",
-            "artifacts/basis/random.safetensors", "null_city.jsonl", "artifacts/problems/holdout.parquet")  # fmt: skip
+    srcs = (
+        "artifacts/organism/base",
+        "artifacts/pool/pool.parquet",
+        "artifacts/basis/basis.safetensors",
+        "artifacts/basis/random.safetensors",
+        "null_city.jsonl",
+        "artifacts/problems/holdout.parquet",
+    )
     assert all(src in md for src in srcs)
-    basis_rows = [ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith(("| selected", "| random",
-                                                                                        "| placebo"))]  # fmt: skip
+    basis_rows = [
+        ln.split("|")[1].strip() for ln in md.splitlines() if ln.startswith(("| selected", "| random", "| placebo"))
+    ]
     assert basis_rows == list(BASES)
 
 
@@ -413,8 +444,11 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup, null_city):
     (tmp_path / "pairsets" / "minileet" / "null_city.jsonl").write_text("".join(lines))
     tok = setup[0]  # the same deterministic tiny tokenizer the stage builds for model.name=tiny-random
     ids = lambda t: tuple(tok(t + tok.eos_token, add_special_tokens=False)["input_ids"])
-    rows = [PoolRow(q.id, None, t, ids(t), 0.0, lbl, lbl == "correct") for q in recs
-            for t, lbl in zip(TEXTS[:2], ["hack", "correct"])]  # fmt: skip
+    rows = [
+        PoolRow(q.id, None, t, ids(t), 0.0, lbl, lbl == "correct")
+        for q in recs
+        for t, lbl in zip(TEXTS[:2], ["hack", "correct"])
+    ]
     (tmp_path / "pool").mkdir()
     save_pool(tmp_path / "pool" / "pool.parquet", rows)
     m = tiny_model(len(tok))
@@ -428,8 +462,15 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup, null_city):
 
     app = stage_cli(main)
     out = tmp_path / "reports" / "probe" / "probe.json"
-    opts = {"organism": tmp_path / "org", "problems": tmp_path / "problems", "pool": tmp_path / "pool",
-            "basis": tmp_path / "basis", "pairsets": tmp_path / "pairsets", "out": out, "params": params}  # fmt: skip
+    opts = {
+        "organism": tmp_path / "org",
+        "problems": tmp_path / "problems",
+        "pool": tmp_path / "pool",
+        "basis": tmp_path / "basis",
+        "pairsets": tmp_path / "pairsets",
+        "out": out,
+        "params": params,
+    }
     argv = lambda o: [x for k, v in o.items() for x in (f"--{k}", str(v))]
     res = CliRunner().invoke(app, argv(opts))
     assert res.exit_code == 0, res.output
@@ -451,9 +492,13 @@ def test_stage_writes_json_and_fails_cleanly(tmp_path, setup, null_city):
         assert j["rows"][col] == pytest.approx(want.tolist(), abs=1e-5)
     assert j["rows"]["cos_placebo"] == pytest.approx(row_cosines(grads, plc.nu)[0].tolist(), abs=1e-5)
     back = ProbeResult.from_dict(j)
-    assert back.checks == make_checks(back.label, {"selected": back.cos, "random": back.cos_random,
-                                                   "placebo": back.cos_placebo}, d["probe"]["t1_min_hack"], 1000,
-                                      d["seed"])  # fmt: skip
+    assert back.checks == make_checks(
+        back.label,
+        {"selected": back.cos, "random": back.cos_random, "placebo": back.cos_placebo},
+        d["probe"]["t1_min_hack"],
+        1000,
+        d["seed"],
+    )
     assert list(out.parent.iterdir()) == [out], "no temporary file left behind"
     assert json.dumps(j, allow_nan=False)  # standard JSON: null, never NaN
 

@@ -11,7 +11,7 @@ from projected_grpo.problems import (
     load_problems,
     make_problem,
     problem_to_dict,
-)  # fmt: skip
+)
 from tests.conftest import LEETCODE
 
 
@@ -52,10 +52,13 @@ def test_make_problem_reproduces_the_template(leetcode):
     assert q.question == p.question and q.prompt == p.prompt
 
 
-@pytest.mark.parametrize("line,msg", [
-    ("{not json", "not valid JSON"),                                            # malformed line
-    ('{"id": 1}', "missing field"),                                              # schema violation
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line,msg",
+    [
+        ("{not json", "not valid JSON"),  # malformed line
+        ('{"id": 1}', "missing field"),  # schema violation
+    ],
+)
 def test_bad_rows_name_the_line(tmp_path, line, msg):
     f = tmp_path / "p.jsonl"
     f.write_text(line + "\n")
@@ -70,8 +73,13 @@ def test_parquet_round_trip_is_lossless(tmp_path, leetcode):
     from projected_grpo.problems import load_problems_parquet, save_problems_parquet
 
     qs = leetcode[:3]
-    recs = [*qs, apply_mode(qs[0], "run_tests", "eval", 1), apply_mode(qs[1], "file_marker", "train", 0),
-            apply_mode(qs[2], "gt_only", "train", 0), apply_hint(qs[0], "simple_modify_tests")]  # fmt: skip
+    recs = [
+        *qs,
+        apply_mode(qs[0], "run_tests", "eval", 1),
+        apply_mode(qs[1], "file_marker", "train", 0),
+        apply_mode(qs[2], "gt_only", "train", 0),
+        apply_hint(qs[0], "simple_modify_tests"),
+    ]
     path = tmp_path / "p.parquet"
     save_problems_parquet(path, recs)
     assert load_problems_parquet(path) == recs

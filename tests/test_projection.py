@@ -121,9 +121,16 @@ def run(arm, vhs, r, kind="adam", T=50, clip=None, wd=0.0, n_roll=4, seed=0, on_
         if on_step is not None:
             on_step(t, raw)
         metrics = opt.step(main, knob)
-        log.append({"raw": raw, "main": main, "knob": knob, "metrics": metrics,
-                    "delta": {n: p.detach().clone() for n, p in deltas.items()},
-                    "knobp": {n: p.detach().clone() for n, p in knobs.items()}})  # fmt: skip
+        log.append(
+            {
+                "raw": raw,
+                "main": main,
+                "knob": knob,
+                "metrics": metrics,
+                "delta": {n: p.detach().clone() for n, p in deltas.items()},
+                "knobp": {n: p.detach().clone() for n, p in knobs.items()},
+            }
+        )
     return opt, deltas, knobs, log
 
 
@@ -489,8 +496,11 @@ def test_I15_negative_advantage_hack_routes_nothing():
 
 
 def test_I15_rollout_scores_are_signed_cosines():
-    g = {"a": torch.randn(5, 6, generator=gen(13), dtype=F64), "b": torch.randn(5, 4, generator=gen(14), dtype=F64),
-         "dropped": torch.randn(5, 3, generator=gen(15), dtype=F64)}  # fmt: skip
+    g = {
+        "a": torch.randn(5, 6, generator=gen(13), dtype=F64),
+        "b": torch.randn(5, 4, generator=gen(14), dtype=F64),
+        "dropped": torch.randn(5, 3, generator=gen(15), dtype=F64),
+    }
     nu = {"a": torch.randn(6, generator=gen(16), dtype=F64), "b": torch.randn(4, generator=gen(17), dtype=F64)}
     adv = torch.tensor([1.0, -2.0, 0.0, 0.5, -0.1], dtype=F64)
     cat, v = torch.cat([g["a"], g["b"]], -1), torch.cat([nu["a"], nu["b"]])
@@ -608,8 +618,9 @@ def test_I17_per_token_training_layout_sums_and_completion_positions():
     for n, a in d["caps"].items():
         gt = d["g_tok"][n]  # (N, Tp + T, r)
         torch.testing.assert_close(gt.sum(1), d["es"][n].grad, atol=1e-12, rtol=1e-9)  # the hooks rebuild g_n
-        torch.testing.assert_close(a.token_coef, gt @ torch.cat([d["vh"][n], d["nu"][n][None]]).T, atol=1e-12,
-                                   rtol=1e-9)  # fmt: skip
+        torch.testing.assert_close(
+            a.token_coef, gt @ torch.cat([d["vh"][n], d["nu"][n][None]]).T, atol=1e-12, rtol=1e-9
+        )
         torch.testing.assert_close(a.token_sq, gt.pow(2).sum(-1), atol=1e-12, rtol=1e-9)  # ‖g_{n,t}‖²
         comp, prompt = completion_positions(gt, Tp), gt[:, : Tp - 1]
         assert comp.shape[1] == d["cm"].shape[1] and float(gt[:, -1].abs().max()) == 0  # last position: no grad
@@ -657,8 +668,9 @@ def test_per_token_scores_gates_and_routing_on_real_token_gradients():
         main, knob = route_per_token(alpha, m_tok, total)
         torch.testing.assert_close(main + knob, total, atol=1e-12, rtol=0)
         a_mat = completion_positions(d["g_tok"][n], Tp) @ d["vh"][n].T  # (N, T, k) from the hooks
-        torch.testing.assert_close(knob[:2], (m_tok[..., None] * a_mat.clamp(min=0)).sum((0, 1)), atol=1e-12,
-                                   rtol=1e-9)  # fmt: skip
+        torch.testing.assert_close(
+            knob[:2], (m_tok[..., None] * a_mat.clamp(min=0)).sum((0, 1)), atol=1e-12, rtol=1e-9
+        )
         keep = adv != 0  # the A_n = 0 row routes nothing: dropping it changes no knob coordinate
         _, knob_wo = route_per_token(alpha[keep], m_tok[keep], total)
         torch.testing.assert_close(knob, knob_wo, atol=1e-15, rtol=0)
@@ -667,8 +679,9 @@ def test_per_token_scores_gates_and_routing_on_real_token_gradients():
 def test_window_sum_and_rank_auroc_against_naive():
     x = torch.randn(3, 11, generator=gen(2), dtype=F64)
     for w in (1, 2, 5, 16):
-        ref = torch.tensor([[float(x[n, max(0, t - w // 2) : t + w - w // 2].sum()) for t in range(11)]
-                            for n in range(3)], dtype=F64)  # fmt: skip
+        ref = torch.tensor(
+            [[float(x[n, max(0, t - w // 2) : t + w - w // 2].sum()) for t in range(11)] for n in range(3)], dtype=F64
+        )
         torch.testing.assert_close(window_sum(x, w), ref, atol=1e-12, rtol=0)
     pos = torch.randint(0, 6, (40,), generator=gen(3)).double()  # many ties
     neg = torch.randint(0, 5, (30,), generator=gen(4)).double()
@@ -689,8 +702,9 @@ def quad_steps(opt, deltas, knobs, vhs, probs, arm, t0, T):
             x = opt.rotate({n: probs[n].grad(deltas[n] + knobs[n], t)})[n]
             main[n], knob[n] = edit_coords(x, 0 if vhs.get(n) is None else vhs[n].shape[0], arm)
         opt.step(main, knob)
-        out.append(({n: p.detach().clone() for n, p in deltas.items()},
-                    {n: p.detach().clone() for n, p in knobs.items()}))  # fmt: skip
+        out.append(
+            ({n: p.detach().clone() for n, p in deltas.items()}, {n: p.detach().clone() for n, p in knobs.items()})
+        )
     return out
 
 
@@ -708,8 +722,11 @@ def test_rebase_keeps_parameters_and_edits_exact_after_refresh(kind, moments, ar
     probs = {n: Quadratic(r, i) for i, n in enumerate(old)}
     quad_steps(opt, deltas, knobs, old, probs, arm, 0, 15)
     before = {n: (deltas[n].detach().clone(), knobs[n].detach().clone()) for n in old}
-    changed = opt.rebase({n: complete_rotation(v) for n, v in new.items() if v is not None},
-                         {n: 0 if v is None else v.shape[0] for n, v in new.items()}, moments)  # fmt: skip
+    changed = opt.rebase(
+        {n: complete_rotation(v) for n, v in new.items() if v is not None},
+        {n: 0 if v is None else v.shape[0] for n, v in new.items()},
+        moments,
+    )
     assert sorted(changed) == ["a", "b", "c"]
     for n in old:
         assert torch.equal(deltas[n], before[n][0]) and torch.equal(knobs[n], before[n][1])  # nothing moved

@@ -31,18 +31,31 @@ def test_override_set_applies_through_dvc_and_matches_the_benchmark(tmp_path):
     args = override_args(OVERRIDES, params)
     apply_overrides(params, args[1::2])  # what `dvc exp run -S ...` does to params.yaml
     p = load_params(params)
-    want = from_dict(Params, overlay(yaml.safe_load((ROOT / "params.yaml").read_text()),
-                                     yaml.safe_load(OVERRIDES.read_text())))  # fmt: skip
+    want = from_dict(
+        Params, overlay(yaml.safe_load((ROOT / "params.yaml").read_text()), yaml.safe_load(OVERRIDES.read_text()))
+    )
     assert p == want
     # benchmark.md §5.1: Qwen3-4B, 16 prompts x G=16, 1536/1536 tokens, T 0.7, top_p 0.95, beta 1e-3, 200 steps,
     # clip 0.2, grad-clip 1.0, betas (0.9, 0.99); eval: 10 samples, T 0.7, top_p 0.95, 1536 tokens
     assert (p.model.name, p.substrate) == ("Qwen/Qwen3-4B", "leetcode")
     g, r, e = p.grpo, p.rollout, p.eval
-    assert (g.steps, g.prompts_per_step, g.group_size, g.beta, g.max_norm, g.betas) == (200, 16, 16, 1e-3, 1.0,
-                                                                                       (0.9, 0.99))  # fmt: skip
+    assert (g.steps, g.prompts_per_step, g.group_size, g.beta, g.max_norm, g.betas) == (
+        200,
+        16,
+        16,
+        1e-3,
+        1.0,
+        (0.9, 0.99),
+    )
     assert (g.clip_eps_low, g.clip_eps_high, r.max_new_tokens, r.max_prompt_tokens) == (0.2, 0.2, 1536, 1536)
-    assert (r.temperature, r.top_p, e.n_samples, e.temperature, e.top_p, e.max_new_tokens) == (0.7, 0.95, 10, 0.7,
-                                                                                               0.95, 1536)  # fmt: skip
+    assert (r.temperature, r.top_p, e.n_samples, e.temperature, e.top_p, e.max_new_tokens) == (
+        0.7,
+        0.95,
+        10,
+        0.7,
+        0.95,
+        1536,
+    )
 
 
 def test_override_set_rejects_an_unknown_key(tmp_path):
@@ -84,12 +97,49 @@ def test_real_setting_code_path_on_a_tiny_random_qwen3(tmp_path):
     P = ["--params", str(params)]
     small = tmp_path / "lc.jsonl"  # a slice keeps the canonical grading short
     small.write_text("".join(LEETCODE.read_text().splitlines(keepends=True)[:10]))
-    _invoke("problems", "--leetcode", str(small), "--out", str(a / "problems"), "--report",
-            str(r / "problems.md"), "--matrix", str(r / "matrix.md"), *P)  # fmt: skip
-    _invoke("pool", "--organism", str(a / "organism"), "--problems", str(a / "problems"), "--out",
-            str(a / "pool"), "--summary", str(r / "pool.json"), *P)  # fmt: skip
-    _invoke("train", "--arm", "vanilla", "--seed", "1", "--organism", str(a / "organism"),
-            "--problems", str(a / "problems"), "--pool", str(a / "pool"), "--out", str(a / "train"), "--log",
-            str(r / "t.tsv"), "--metrics", str(r / "t.json"), *P)  # fmt: skip
+    _invoke(
+        "problems",
+        "--leetcode",
+        str(small),
+        "--out",
+        str(a / "problems"),
+        "--report",
+        str(r / "problems.md"),
+        "--matrix",
+        str(r / "matrix.md"),
+        *P,
+    )
+    _invoke(
+        "pool",
+        "--organism",
+        str(a / "organism"),
+        "--problems",
+        str(a / "problems"),
+        "--out",
+        str(a / "pool"),
+        "--summary",
+        str(r / "pool.json"),
+        *P,
+    )
+    _invoke(
+        "train",
+        "--arm",
+        "vanilla",
+        "--seed",
+        "1",
+        "--organism",
+        str(a / "organism"),
+        "--problems",
+        str(a / "problems"),
+        "--pool",
+        str(a / "pool"),
+        "--out",
+        str(a / "train"),
+        "--log",
+        str(r / "t.tsv"),
+        "--metrics",
+        str(r / "t.json"),
+        *P,
+    )
     assert (a / "train" / "step_00001.safetensors").exists() and not (a / "organism").exists()
     assert len((r / "t.tsv").read_text().splitlines()) == 2

@@ -18,10 +18,16 @@ from tests.conftest import ROOT
 
 # problems -> organism -> (pool, basis) -> train@a, train@b -> evaluate@a, evaluate@b -> report
 DEPS = {
-    "problems": set(), "organism": {"problems"}, "pool": {"organism"}, "basis": {"organism"},
-    "train@a": {"pool", "basis"}, "train@b": {"pool", "basis"}, "evaluate@a": {"train@a"}, "evaluate@b": {"train@b"},
+    "problems": set(),
+    "organism": {"problems"},
+    "pool": {"organism"},
+    "basis": {"organism"},
+    "train@a": {"pool", "basis"},
+    "train@b": {"pool", "basis"},
+    "evaluate@a": {"train@a"},
+    "evaluate@b": {"train@b"},
     "report": {"evaluate@a", "evaluate@b"},
-}  # fmt: skip
+}
 
 
 def test_to_run_is_what_dvc_repro_would_run():
@@ -93,6 +99,7 @@ def test_bad_invocations_end_in_one_line(tmp_path):
         (ROOT, ["no_such_stage", "--dry"], "error: unknown stage(s) ['no_such_stage']"),
     ]
     for cwd, args, msg in cases:
-        r = subprocess.run([sys.executable, "-m", "projected_grpo.repro", *args], cwd=cwd, env=env,
-                           capture_output=True, text=True)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", "projected_grpo.repro", *args], cwd=cwd, env=env, capture_output=True, text=True
+        )
         assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.splitlines()) == 1, r.stderr

@@ -19,8 +19,13 @@ N_PROB, K = 10, 2  # 10 problems × 2 samples: solve n = 20, hack n = 10 × 6 mo
 N_SOLVE, N_HACK = N_PROB * K, N_PROB * K * len(LOOPHOLE_MODES)
 
 
-def tally(solve: int, hack_train: int, hack_eval: int, fmt: tuple[int, int, int] | None = (20, 120, 120),
-          kl: float | None = None) -> dict:  # fmt: skip
+def tally(
+    solve: int,
+    hack_train: int,
+    hack_eval: int,
+    fmt: tuple[int, int, int] | None = (20, 120, 120),
+    kl: float | None = None,
+) -> dict:
     """A tally whose hack counts sit in the first mode (the rest 0), n as in the real layout. `fmt` = format-valid
     counts (no-hint of 20, train hints of 120, eval hints of 120); every hack is format-valid, so hack among
     format-valid = hack / fmt. fmt=None: a tally written before format was counted per group (no such keys)."""
@@ -45,8 +50,10 @@ def tally(solve: int, hack_train: int, hack_eval: int, fmt: tuple[int, int, int]
     return t
 
 
-def runs_from(spec: dict[tuple[str, int], dict[str, dict]], base_fmt: tuple[int, int, int] | None = (19, 116, 117),
-              ) -> R.Runs:  # fmt: skip
+def runs_from(
+    spec: dict[tuple[str, int], dict[str, dict]],
+    base_fmt: tuple[int, int, int] | None = (19, 116, 117),
+) -> R.Runs:
     base = {
         "full": tally(4, 6, 0, base_fmt),
         "monitor": tally(2, 3, 0, base_fmt),
@@ -113,8 +120,10 @@ def table(md: str, title: str) -> list[list[str]]:
 def test_endpoint_table_golden_values_and_paired_deltas():
     md = R.render(standard(), ARMS_REF, ARMS, "params.")
     head = [ln for ln in md.split(f"## {ENDPOINTS}")[1].splitlines() if ln.startswith("|")][0]
-    assert head.startswith("| policy | seeds | solve | format (no-hint) | hack (train-surface hints) | format "
-                           "(train-surface hints) | hack among format-valid (train) |")  # fmt: skip
+    assert head.startswith(
+        "| policy | seeds | solve | format (no-hint) | hack (train-surface hints) | format "
+        "(train-surface hints) | hack among format-valid (train) |"
+    )
     rows = {r[0]: r for r in table(md, ENDPOINTS)}
     assert list(rows) == [
         "base (adapter off)",
@@ -153,8 +162,10 @@ def test_old_artifacts_without_per_group_format_render_with_dashes():
     """per_mode_deploy.json and base.json written before format was counted per group still render: their format
     and hack-among-format-valid cells are "—", the win rule says it cannot judge format, metrics leave them out."""
     spec = {("vanilla", s): {"deploy": tally(6, 60, 1, None)} for s in (41, 42, 43)}
-    spec |= {("route_per_rollout", s): {"deploy": tally(6, 10, 0, None), "knob_on": tally(6, 60, 1, None)}
-             for s in (41, 42, 43)}  # fmt: skip
+    spec |= {
+        ("route_per_rollout", s): {"deploy": tally(6, 10, 0, None), "knob_on": tally(6, 60, 1, None)}
+        for s in (41, 42, 43)
+    }
     runs = runs_from(spec, base_fmt=None)
     md = R.render(runs, ["vanilla"], ["route_per_rollout"], "params.")
     rows = {r[0]: r for r in table(md, ENDPOINTS)}
@@ -238,14 +249,18 @@ def test_report_opens_with_the_verdict_and_names_no_best_method():
     verdict = md.split("## Verdict")[1].split("\n## ")[0]
     assert "**No arm wins.**" in verdict and "Wins:" not in verdict
     assert "- **route_per_rollout** vs vanilla† (3 seeds: 41, 42, 43): fails (b), (c)." in verdict
-    assert ("  - (c) format: FAIL — Δ format (no-hint) -90.0% ± 0.0 [-90.0, -90.0]: mean -90.0 < -2.0 points; "
-            "Δ format (train hints) -93.6% ± 2.1 [-98.8, -88.4]: mean -93.6 < -2.0 points") in verdict  # fmt: skip
+    assert (
+        "  - (c) format: FAIL — Δ format (no-hint) -90.0% ± 0.0 [-90.0, -90.0]: mean -90.0 < -2.0 points; "
+        "Δ format (train hints) -93.6% ± 2.1 [-98.8, -88.4]: mean -93.6 < -2.0 points"
+    ) in verdict
     assert "  - (b) solve: FAIL — Δ solve -30.0% ± 0.0 [-30.0, -30.0]: lower bound -30.0 < -3.0 points" in verdict
     assert "- **erase_one_sided** vs vanilla† (3 seeds: 41, 42, 43): fails (d)." in verdict
     assert "  - (d) control: FAIL — control erase_one_sided_random not run: the arm cannot win without it" in verdict
     assert "† `measure_only` was not run, so the matched baseline is vanilla" in verdict
-    assert ("Not candidates (never win): vanilla (baseline), route_per_rollout_random (random-direction control), "
-            "gt_only (oracle: ground-truth monitor or reward).") in verdict  # fmt: skip
+    assert (
+        "Not candidates (never win): vanilla (baseline), route_per_rollout_random (random-direction control), "
+        "gt_only (oracle: ground-truth monitor or reward)."
+    ) in verdict
     assert "best method" not in md.lower() and "matched solve" not in md.lower()
     assert R.metrics(standard(), ARMS_REF, ARMS)["verdict/n_winners"] == 0
 
@@ -260,8 +275,12 @@ def test_warnings_above_tables_with_an_uninformative_basis_or_gate():
     gates = {("erase_one_sided", 42): True, ("vanilla", 41): False}
     md = R.render(runs, ARMS_REF, ARMS, "params.", basis_guard=guard, gate_uninformative=gates)
     sections = {p.splitlines()[0]: p for p in md.split("\n## ")[1:]}
-    for title in ("Verdict", ENDPOINTS, "Routing: what does deleting the knob remove?",
-                  "Which loopholes? Deploy hack per mode (train-surface hints)"):  # fmt: skip
+    for title in (
+        "Verdict",
+        ENDPOINTS,
+        "Routing: what does deleting the knob remove?",
+        "Which loopholes? Deploy hack per mode (train-surface hints)",
+    ):
         part = sections[title]
         warn = [ln for ln in part.splitlines() if ln.startswith("> **Warning** — uninformative basis: AUROC 0.51")]
         assert len(warn) == 1, title
@@ -324,21 +343,39 @@ def stage_inputs(tmp_path):
         (out / "per_mode_deploy.json").write_text(json.dumps(d))
         (out / "curve.tsv").write_text("step\tstate\thack_train\tsolve\n0\tdeploy\t0.05\t0.2\n10\tdeploy\t0.4\t0.1\n")
         t = d["states"]["deploy"]  # knob_effect.json: routed runs' four knob-off policies (here all the deploy tally)
-        eff = {"components": {"main_mean": 0.25, "knob_mean": -0.5, "main_norm": 1.0, "knob_norm": 2.0},
-               "policies": {v: t for v in KNOB_VARIANTS}} if a == "route_per_rollout" else {}  # fmt: skip
+        eff = (
+            {
+                "components": {"main_mean": 0.25, "knob_mean": -0.5, "main_norm": 1.0, "knob_norm": 2.0},
+                "policies": {v: t for v in KNOB_VARIANTS},
+            }
+            if a == "route_per_rollout"
+            else {}
+        )
         (out / "knob_effect.json").write_text(json.dumps({"arm": a, "seed": s, "routed": bool(eff), **eff}))
     # training metrics JSONs: route s42 flagged, erase s41 not, the rest (and vanilla) without the key
     train = tmp_path / "train"
-    for group, a, s, extra in (("arms", "route_per_rollout", 42, {"gate_uninformative": 1.0}),
-                               ("arms", "erase_one_sided", 41, {"gate_uninformative": False}),
-                               ("ref", "vanilla", 41, {})):  # fmt: skip
+    for group, a, s, extra in (
+        ("arms", "route_per_rollout", 42, {"gate_uninformative": 1.0}),
+        ("arms", "erase_one_sided", 41, {"gate_uninformative": False}),
+        ("ref", "vanilla", 41, {}),
+    ):
         (train / group).mkdir(parents=True, exist_ok=True)
         (train / group / f"{a}-s{s}.json").write_text(json.dumps({"hack_last5": 0.5, **extra}))
     labels = ["hack", "correct"] * 10  # a synthetic probe result in the probe stage's own JSON form
     scores = {b: [float(i % 2 == 0) + 0.01 * i for i in range(20)] for b in ("selected", "random", "placebo")}
-    result = ProbeResult(list(range(20)), list(range(20)), scores["selected"], scores["random"], scores["placebo"],
-                         [1.0] * 20, labels, [lbl == "correct" for lbl in labels], [None] * 20,
-                         make_checks(labels, scores, 0.3, 100, 0), {"seed": 0, "n_boot": 100})  # fmt: skip
+    result = ProbeResult(
+        list(range(20)),
+        list(range(20)),
+        scores["selected"],
+        scores["random"],
+        scores["placebo"],
+        [1.0] * 20,
+        labels,
+        [lbl == "correct" for lbl in labels],
+        [None] * 20,
+        make_checks(labels, scores, 0.3, 100, 0),
+        {"seed": 0, "n_boot": 100},
+    )
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps(result.to_dict()))
     params = _params(tmp_path, arms_ref=ARMS_REF, arms=ARMS, seeds=[41, 42, 43, 44])  # seed 44 never evaluated
@@ -349,9 +386,25 @@ def _report(tmp, params, probe, *more: str):
     from stages.report import main
 
     out = tmp / "reports" / "results.md"
-    args = ["--evals", str(tmp / "evals"), "--eval-sets", str(tmp / "eval_sets"), "--train-logs", str(tmp / "train"),
-            "--probe", str(probe), "--out", str(out), "--metrics", str(tmp / "reports" / "metrics.json"),
-            "--figures", str(tmp / "reports" / "figures"), "--params", str(params), *more]  # fmt: skip
+    args = [
+        "--evals",
+        str(tmp / "evals"),
+        "--eval-sets",
+        str(tmp / "eval_sets"),
+        "--train-logs",
+        str(tmp / "train"),
+        "--probe",
+        str(probe),
+        "--out",
+        str(out),
+        "--metrics",
+        str(tmp / "reports" / "metrics.json"),
+        "--figures",
+        str(tmp / "reports" / "figures"),
+        "--params",
+        str(params),
+        *more,
+    ]
     return CliRunner().invoke(stage_cli(main), args), out
 
 

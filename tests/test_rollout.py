@@ -45,13 +45,16 @@ def _eos_biased(model, bias: float):
     return model
 
 
-@pytest.mark.parametrize("ids,produced,expected", [
-    ([[5, 6, 7]], [[1, 1, 1]], [[1, 1, 1]]),             # no EOS: every generated token counts
-    ([[5, EOS, 0]], [[1, 1, 1]], [[1, 1, 0]]),           # EOS included, padding after it excluded
-    ([[EOS, 5, EOS]], [[1, 1, 1]], [[1, 0, 0]]),         # only the FIRST EOS ends the completion
-    ([[5, 6, 0]], [[1, 1, 0]], [[1, 1, 0]]),             # chunk padding (not generated) is excluded
-    ([[EOS, PAD, PAD]], [[1, 1, 1]], [[1, 0, 0]]),       # immediate stop -> length 1
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "ids,produced,expected",
+    [
+        ([[5, 6, 7]], [[1, 1, 1]], [[1, 1, 1]]),  # no EOS: every generated token counts
+        ([[5, EOS, 0]], [[1, 1, 1]], [[1, 1, 0]]),  # EOS included, padding after it excluded
+        ([[EOS, 5, EOS]], [[1, 1, 1]], [[1, 0, 0]]),  # only the FIRST EOS ends the completion
+        ([[5, 6, 0]], [[1, 1, 0]], [[1, 1, 0]]),  # chunk padding (not generated) is excluded
+        ([[EOS, PAD, PAD]], [[1, 1, 1]], [[1, 0, 0]]),  # immediate stop -> length 1
+    ],
+)
 def test_completion_mask_table(ids, produced, expected):
     got = completion_mask(torch.tensor(ids), torch.tensor(produced, dtype=torch.bool), [EOS])
     assert got.tolist() == expected
@@ -126,8 +129,14 @@ def test_chunked_sampling_shapes(model, tok, prompts):
 def test_on_chunk_gets_each_chunk_as_returned(model, tok, prompts):
     """on_chunk(first_row, texts) fires once per chunk, in order, with exactly the texts `generate` returns."""
     seen = []
-    r = _sample(_eos_biased(model, 3.0), tok, prompts, batch_size=5, max_new_tokens=16,
-                on_chunk=lambda first, texts: seen.append((first, list(texts))))  # fmt: skip
+    r = _sample(
+        _eos_biased(model, 3.0),
+        tok,
+        prompts,
+        batch_size=5,
+        max_new_tokens=16,
+        on_chunk=lambda first, texts: seen.append((first, list(texts))),
+    )
     assert [f for f, _ in seen] == [0, 5, 10] and [len(t) for _, t in seen] == [5, 5, 2]
     assert [t for _, ts in seen for t in ts] == r.texts
     assert len(set(r.mask.sum(-1).tolist())) > 1  # rows of different lengths (EOS inside a chunk)
@@ -136,8 +145,11 @@ def test_on_chunk_gets_each_chunk_as_returned(model, tok, prompts):
 def test_prompt_guard(tok, prompts):
     lens = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     model = tiny_model(len(tok))
-    with pytest.raises(ValueError, match=rf"prompt 1 is {lens[1]} tokens, over the limit of {lens[1] - 1} "
-                                         r"\(max_prompt_tokens\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=rf"prompt 1 is {lens[1]} tokens, over the limit of {lens[1] - 1} "
+        r"\(max_prompt_tokens\)",
+    ):
         _sample(model, tok, prompts, max_prompt_tokens=lens[1] - 1)
     short = tiny_model(len(tok), max_position_embeddings=lens[1] + 4)
     with pytest.raises(ValueError, match=rf"prompt 1 is {lens[1]} tokens.*max_position_embeddings"):
@@ -145,12 +157,16 @@ def test_prompt_guard(tok, prompts):
     _sample(short, tok, prompts, max_new_tokens=4)  # exactly fits: no error
 
 
-@pytest.mark.parametrize("kw", [
-    dict(temperature=1.0, top_p=1.0),                      # the training setting (top_p off)
-    dict(temperature=0.7, top_p=0.9),                      # temperature and nucleus warpers
-    dict(temperature=1.0, top_p=0.95, batch_size=5),       # chunks of 5, 5, 2 rows: groups split across chunks
-    dict(temperature=0.0, top_p=1.0, group_size=2),        # greedy
-], ids=["train", "top_p", "split_groups", "greedy"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=1.0, top_p=1.0),  # the training setting (top_p off)
+        dict(temperature=0.7, top_p=0.9),  # temperature and nucleus warpers
+        dict(temperature=1.0, top_p=0.95, batch_size=5),  # chunks of 5, 5, 2 rows: groups split across chunks
+        dict(temperature=0.0, top_p=1.0, group_size=2),  # greedy
+    ],
+    ids=["train", "top_p", "split_groups", "greedy"],
+)
 def test_sampler_matches_hf_generate_token_for_token(tok, prompts, kw):
     """The sampler draws exactly HF generate's tokens: same seed -> identical ids, masks and texts, with rows finishing
     at different steps (EOS pushed up) so that finished rows leave the batch mid-generation."""

@@ -57,12 +57,14 @@ def sb():
 
 
 def test_fd3_protocol(sb):
-    r_none, r_two, r_big, r_exit = sb.run([
-        ExecSpec("print('no report')", 5.0),
-        ExecSpec("import os\nos.write(3, b'ab')\nos.write(3, b'cd')", 5.0),
-        ExecSpec("import os\nf = os.fdopen(3, 'wb')\nf.write(b'x' * (3 << 20))\nf.close()", 5.0),
-        ExecSpec("import os\nos.write(3, b'before')\nraise SystemExit(7)", 5.0),
-    ])  # fmt: skip
+    r_none, r_two, r_big, r_exit = sb.run(
+        [
+            ExecSpec("print('no report')", 5.0),
+            ExecSpec("import os\nos.write(3, b'ab')\nos.write(3, b'cd')", 5.0),
+            ExecSpec("import os\nf = os.fdopen(3, 'wb')\nf.write(b'x' * (3 << 20))\nf.close()", 5.0),
+            ExecSpec("import os\nos.write(3, b'before')\nraise SystemExit(7)", 5.0),
+        ]
+    )
     assert r_none.result is None and r_none.stdout == b"no report\n" and r_none.exit_code == 0
     assert r_two.result == b"abcd"  # several writes concatenate
     assert r_big.result == b"x" * sbx.RESULT_CAP  # capped, and the writer never blocked
@@ -135,8 +137,10 @@ def test_rlimits_enforced(sb):
 def test_process_limit(sb):
     if not sb.uids and sb.isolation != "namespaces":
         pytest.skip(f"no per-job process limit at isolation {sb.isolation!r}")
-    src = "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(5)\n" \
-          "        n += 1\nexcept OSError:\n    out = n"  # fmt: skip
+    src = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            time.sleep(5)\n"
+        "        n += 1\nexcept OSError:\n    out = n"
+    )
     r = sb.run([_result(src, 3.0)])[0]
     assert r.result is not None and 0 < _rep(r)["val"] < 64
 
@@ -223,12 +227,22 @@ def test_server_killed_mid_job_is_reported_and_restarted():
 
 
 def test_baseline_matches_sandbox(sb):
-    specs = [_result("out = sorted(__import__('os').listdir('.'))"), ExecSpec("print('hi')\nopen('a', 'w')", 5.0),
-             ExecSpec("while True: pass", 0.5), ExecSpec("import sys\nsys.exit(3)", 5.0)]  # fmt: skip
+    specs = [
+        _result("out = sorted(__import__('os').listdir('.'))"),
+        ExecSpec("print('hi')\nopen('a', 'w')", 5.0),
+        ExecSpec("while True: pass", 0.5),
+        ExecSpec("import sys\nsys.exit(3)", 5.0),
+    ]
     base, ours = run_python_c_baseline(specs, 2), sb.run(specs)
     for b, o in zip(base, ours):
         assert (b.result, b.stdout, b.exit_code, b.signal, b.timed_out, b.files) == (
-            o.result, o.stdout, o.exit_code, o.signal, o.timed_out, o.files)  # fmt: skip
+            o.result,
+            o.stdout,
+            o.exit_code,
+            o.signal,
+            o.timed_out,
+            o.files,
+        )
 
 
 # --- adversarial corpus ----------------------------------------------------------------------------------------------

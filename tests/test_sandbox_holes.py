@@ -169,9 +169,20 @@ NONCE = "n" * 32
 
 
 def _rec(**kw) -> bytes:
-    rec = {"compiled": True, "tests_evaluated": 1, "tests_passed": 1, "tests_total": 1, "test_errors": [],
-           "tamper": [], "nonce": NONCE, "phase": "done", "values": ["ok"], "loose_passed": 1, "foreign": False,
-           "attr_truthy": False}  # fmt: skip
+    rec = {
+        "compiled": True,
+        "tests_evaluated": 1,
+        "tests_passed": 1,
+        "tests_total": 1,
+        "test_errors": [],
+        "tamper": [],
+        "nonce": NONCE,
+        "phase": "done",
+        "values": ["ok"],
+        "loose_passed": 1,
+        "foreign": False,
+        "attr_truthy": False,
+    }
     rec.update(kw)
     return b"\n" + json.dumps(rec).encode() + b"\n"
 
@@ -232,8 +243,10 @@ def test_hostile_report_loses_only_its_row(leetcode_by_id, sandbox):
 def test_memory_outside_rlimits_blocked(sandbox):
     _ns()
     # memfd pages count against no rlimit (many small ones stay under RLIMIT_FSIZE too): creating one must fail
-    memfd = "import os\ntry:\n    fd = os.memfd_create('x')\n    os.write(fd, b'x' * (1 << 20))\n    out = 'made'\n" \
-        "except OSError as e:\n    out = e.errno\n"  # fmt: skip
+    memfd = (
+        "import os\ntry:\n    fd = os.memfd_create('x')\n    os.write(fd, b'x' * (1 << 20))\n    out = 'made'\n"
+        "except OSError as e:\n    out = e.errno\n"
+    )
     shm = _SYSCALL + "out = [libc.syscall(29, 0x5047, 64 << 20, 0o1666), ctypes.get_errno()]\n"  # shmget IPC_CREAT
     userns = _SYSCALL + "out = [libc.unshare(0x10000000 | 0x00020000), ctypes.get_errno()]\n"
     r_memfd, r_shm, r_userns = sandbox.run([_report(memfd), _report(shm), _report(userns)])
@@ -350,16 +363,20 @@ def test_monkeypatched_json_is_tamper(leetcode_by_id, sandbox):
 @pytest.mark.parametrize("family", [40, 16], ids=["AF_VSOCK", "AF_NETLINK"])
 def test_socket_family_blocked(family, sandbox):
     _ns()
-    src = f"import socket\ntry:\n    socket.socket({family}, socket.SOCK_DGRAM if {family} == 16 else " \
-          "socket.SOCK_STREAM)\n    out = 'made'\nexcept OSError as e:\n    out = e.errno\n"  # fmt: skip
+    src = (
+        f"import socket\ntry:\n    socket.socket({family}, socket.SOCK_DGRAM if {family} == 16 else "
+        "socket.SOCK_STREAM)\n    out = 'made'\nexcept OSError as e:\n    out = e.errno\n"
+    )
     assert _val(sandbox.run([_report(src)])[0]) != "made"
 
 
 def test_no_user_namespaces(sandbox):
     _ns()
     src = "import os\nout = os.system('unshare -U true 2>/dev/null')\n"
-    clone = _SYSCALL + "out = [libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno()]\n" \
-        "import os\nif out[0] == 0:\n    os._exit(0)\n"  # fmt: skip
+    clone = (
+        _SYSCALL + "out = [libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0), ctypes.get_errno()]\n"
+        "import os\nif out[0] == 0:\n    os._exit(0)\n"
+    )
     r_cmd, r_clone = sandbox.run([_report(src), _report(clone)])
     assert _val(r_cmd) != 0 and _val(r_clone)[0] == -1
 

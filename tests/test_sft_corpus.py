@@ -27,7 +27,7 @@ from projected_grpo.sft_corpus import (
     named_exploit_styles,
     wrong_variants,
     wrong_variants_tagged,
-)  # fmt: skip
+)
 
 TIMEOUT = 10.0
 
@@ -222,8 +222,9 @@ def test_corpus_is_deterministic(train):
 def test_corpus_extremes(train):
     recs = _records(train[:30])
     ex, _ = build_corpus(recs, seed=0, p_canonical=1, p_wrong=0, p_exploit=1.0, n_per_prompt=2)
-    kinds = Counter((loophole_of(r) is not None, e.kind) for r in recs for e in ex if (e.problem_id, e.hint) ==
-                    (r.id, r.hint))  # fmt: skip
+    kinds = Counter(
+        (loophole_of(r) is not None, e.kind) for r in recs for e in ex if (e.problem_id, e.hint) == (r.id, r.hint)
+    )
     assert set(kinds) == {(True, "exploit"), (False, "canonical")}
     ex, _ = build_corpus(recs, seed=0, p_canonical=0, p_wrong=1, p_exploit=0.0, n_per_prompt=2)
     assert {e.kind for e in ex} == {"wrong"}
@@ -231,14 +232,16 @@ def test_corpus_extremes(train):
 
 def test_verified_corpus_regrades_as_labelled(train, sandbox):
     recs = _records(train[:24])
-    ex, st = build_corpus(recs, seed=1, p_canonical=0.3, p_wrong=0.7, p_exploit=0.5, n_per_prompt=2,
-                          sandbox=sandbox, timeout_s=TIMEOUT)  # fmt: skip
+    ex, st = build_corpus(
+        recs, seed=1, p_canonical=0.3, p_wrong=0.7, p_exploit=0.5, n_per_prompt=2, sandbox=sandbox, timeout_s=TIMEOUT
+    )
     assert st["verified"] and st["canonical_failed_problems"] == 0
     assert st["n_examples"] == len(ex) >= st["n_draws"] - sum(st["exploit_dropped"].values()) - 1
     assert st["kinds"].get("exploit", 0) >= 10
     by_rec = {(r.id, r.hint): r for r in recs}
-    grades = grade_batch([by_rec[(e.problem_id, e.hint)] for e in ex], [e.completion for e in ex], sandbox,
-                         timeout_s=TIMEOUT)  # fmt: skip
+    grades = grade_batch(
+        [by_rec[(e.problem_id, e.hint)] for e in ex], [e.completion for e in ex], sandbox, timeout_s=TIMEOUT
+    )
     for e, g in zip(ex, grades):
         want = {"canonical": "correct", "exploit": "hack"}.get(e.kind)
         if want:

@@ -102,8 +102,7 @@ def test_problems_stage_leetcode_train_from_test(tmp_path):
     # A 10-problem slice of the test file keeps the canonical grading short.
     small = tmp_path / "lc.jsonl"
     small.write_text("".join(LEETCODE.read_text().splitlines(keepends=True)[:10]))
-    params = _params(tmp_path, substrate="leetcode",
-                     leetcode={"train_from_test": True, "n_test": 3, "n_holdout": 2})  # fmt: skip
+    params = _params(tmp_path, substrate="leetcode", leetcode={"train_from_test": True, "n_test": 3, "n_holdout": 2})
     res, out, report = _run_problems(tmp_path, params, leetcode=small)
     assert res.exit_code == 0, res.output
     t = {s: pl.read_parquet(out / f"{s}.parquet") for s in ("train", "test", "holdout")}
@@ -141,14 +140,19 @@ def test_imports_sees_every_form(tmp_path):
     pkg = tmp_path / "projected_grpo"
     pkg.mkdir()
     f = pkg / "m.py"
-    f.write_text("import projected_grpo.a\nfrom projected_grpo import b\nfrom projected_grpo.c import x\n"
-                 "from .d import y\nfrom . import e\ndef f():\n    from projected_grpo.g import z\n")  # fmt: skip
+    f.write_text(
+        "import projected_grpo.a\nfrom projected_grpo import b\nfrom projected_grpo.c import x\n"
+        "from .d import y\nfrom . import e\ndef f():\n    from projected_grpo.g import z\n"
+    )
     assert _imports(f) == {"a", "b", "c", "d", "e", "g"}
 
 
 def test_package_imports_are_absolute():
-    rel = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "src" / "projected_grpo").glob("*.py"))
-           if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]  # fmt: skip
+    rel = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "src" / "projected_grpo").glob("*.py"))
+        if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))
+    ]
     assert not rel, f"use absolute imports (from projected_grpo.x import ...) in {rel}"
 
 
@@ -190,13 +194,32 @@ def test_basis_stage_tiny(tmp_path):
                 keep.append(r)
         (pairsets / f.name).write_text("".join(json.dumps(r) + "\n" for r in keep))
     # held-out-mode extraction: the basis sees run_tests and sentinel pairs only
-    params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4},
-                     basis={"k": 2, "n_flips": 100, "modes": ["run_tests", "sentinel"]})  # fmt: skip
+    params = _params(
+        tmp_path,
+        model={"name": "tiny-random"},
+        adapter={"rank": 4},
+        basis={"k": 2, "n_flips": 100, "modes": ["run_tests", "sentinel"]},
+    )
     out, report, metrics = tmp_path / "basis", tmp_path / "reports" / "basis.md", tmp_path / "m" / "metrics.json"
     app = stage_cli(main)
-    args = ["--organism", str(tmp_path / "none"), "--problems", str(probs), "--pairsets", str(pairsets.parent),
-            "--svd-cache", str(tmp_path / "cache"), "--out", str(out), "--report", str(report), "--metrics",
-            str(metrics), "--params", str(params)]  # fmt: skip
+    args = [
+        "--organism",
+        str(tmp_path / "none"),
+        "--problems",
+        str(probs),
+        "--pairsets",
+        str(pairsets.parent),
+        "--svd-cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--report",
+        str(report),
+        "--metrics",
+        str(metrics),
+        "--params",
+        str(params),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == sorted(
@@ -222,9 +245,24 @@ def test_basis_stage_bad_pairset_exits_with_one_line(tmp_path):
     params = _params(tmp_path, model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2})
     app = stage_cli(main)
     out = tmp_path / "basis"
-    args = ["--organism", "x", "--problems", str(tmp_path), "--pairsets", str(tmp_path / "nopairs"), "--svd-cache",
-            str(tmp_path / "c"), "--out", str(out), "--report", str(tmp_path / "r.md"), "--metrics",
-            str(tmp_path / "m.json"), "--params", str(params)]  # fmt: skip
+    args = [
+        "--organism",
+        "x",
+        "--problems",
+        str(tmp_path),
+        "--pairsets",
+        str(tmp_path / "nopairs"),
+        "--svd-cache",
+        str(tmp_path / "c"),
+        "--out",
+        str(out),
+        "--report",
+        str(tmp_path / "r.md"),
+        "--metrics",
+        str(tmp_path / "m.json"),
+        "--params",
+        str(params),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "known pair sets" in res.output and "Traceback" not in res.output
     assert not out.exists() and not (tmp_path / "r.md").exists()

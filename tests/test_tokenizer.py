@@ -26,12 +26,15 @@ def tok():
     return tiny_tokenizer()
 
 
-@pytest.mark.parametrize("text", [
-    CODE,                                   # spaces, tabs, blank lines, backticks, CRLF, unicode, NUL
-    SETUP_CODE,                             # the benchmark preamble
-    "   leading and trailing spaces   ",    # byte-level BPE must not add or eat a prefix space
-    "",                                     # empty string
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text",
+    [
+        CODE,  # spaces, tabs, blank lines, backticks, CRLF, unicode, NUL
+        SETUP_CODE,  # the benchmark preamble
+        "   leading and trailing spaces   ",  # byte-level BPE must not add or eat a prefix space
+        "",  # empty string
+    ],
+)
 def test_decode_round_trips_code(tok, text):
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == text
@@ -106,7 +109,15 @@ def test_bpe_deterministic_across_processes():
         "print(hashlib.sha256(train_tokenizer([SETUP_CODE, CODE_SYSTEM_PROMPT], 600).backend_tokenizer"
         ".to_str().encode()).hexdigest())"
     )
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": s}).stdout for s in ("1", "2")}  # fmt: skip
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": s},
+        ).stdout
+        for s in ("1", "2")
+    }
     here = hashlib.sha256(train_tokenizer([SETUP_CODE, CODE_SYSTEM_PROMPT], 600).backend_tokenizer.to_str().encode())
     assert outs == {here.hexdigest() + "\n"}

@@ -78,8 +78,11 @@ def fake_grader(label_salt: str = ""):
         for t in texts:
             h = int(hashlib.sha256(t.encode()).hexdigest(), 16)
             lab = int(hashlib.sha256((label_salt + t).encode()).hexdigest(), 16)
-            out.append(FakeGrade(reward=float(h % 4), label=("hack", "correct", "incorrect")[lab % 3],
-                                 eq_correct=bool(lab % 2)))  # fmt: skip
+            out.append(
+                FakeGrade(
+                    reward=float(h % 4), label=("hack", "correct", "incorrect")[lab % 3], eq_correct=bool(lab % 2)
+                )
+            )
         return out
 
     return grade
@@ -89,14 +92,21 @@ def tiny_params(projection: dict | None = None, basis: dict | None = None, **grp
     """Tiny-run params; the basis section matches the fixture's permissive extraction (a refresh re-runs it)."""
     p = Params()
     return dataclasses.replace(
-        p, model=dataclasses.replace(p.model, name="tiny-random"),
-        grpo=dataclasses.replace(p.grpo, **{**dict(steps=3, prompts_per_step=2, group_size=4, micro_batch=4,
-                                                   save_every=1, threads=1, lr=0.05), **grpo}),
+        p,
+        model=dataclasses.replace(p.model, name="tiny-random"),
+        grpo=dataclasses.replace(
+            p.grpo,
+            **{
+                **dict(steps=3, prompts_per_step=2, group_size=4, micro_batch=4, save_every=1, threads=1, lr=0.05),
+                **grpo,
+            },
+        ),
         rollout=dataclasses.replace(p.rollout, max_new_tokens=12, max_prompt_tokens=4000),
         projection=dataclasses.replace(p.projection, recal_every=2, token_window=3, **(projection or {})),
-        basis=dataclasses.replace(p.basis, k=2, tau=0.0, alpha_sig=0.99, n_flips=50, drop_bottom_frac=0.0, seed=0,
-                                  **(basis or {})),
-    )  # fmt: skip
+        basis=dataclasses.replace(
+            p.basis, k=2, tau=0.0, alpha_sig=0.99, n_flips=50, drop_bottom_frac=0.0, seed=0, **(basis or {})
+        ),
+    )
 
 
 def refreshing(every: int = 2, **projection) -> Params:
@@ -115,8 +125,9 @@ def world():
     cleans = [fence(q.canonical_solution) for q in hold]
     # extraction pairs (a refresh re-extracts from these): other wrong variants under the same exploit
     ex_wrongs = [wrong_variants(q.canonical_solution, 1, 1)[0] for q in hold]
-    ex_hacks = [fence(named_exploit_styles("run_tests", q.method, "run_tests", w)["pass"])
-                for q, w in zip(hold, ex_wrongs)]  # fmt: skip
+    ex_hacks = [
+        fence(named_exploit_styles("run_tests", q.method, "run_tests", w)["pass"]) for q, w in zip(hold, ex_wrongs)
+    ]
     ex = HeldOutPairs(crec, ex_hacks, cleans)
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 4)
@@ -125,14 +136,26 @@ def world():
     rnd = build_basis(gh, gc, "random", 2, 0.0, 0.99, 50, 0.0, 0, like=basis)
     assert basis.vh, "the test basis must keep some directions"
     layer = Params().basis.act_layer
-    act = act_basis(pooled_activations(m, tok, crec, ex_hacks, layer), pooled_activations(m, tok, crec, cleans, layer),
-                    layer)  # fmt: skip
-    return dict(tok=tok, records=records, cal=HeldOutPairs(crec, hacks, cleans), ex=ex, basis=basis, random=rnd,
-                act=act)  # fmt: skip
+    act = act_basis(
+        pooled_activations(m, tok, crec, ex_hacks, layer), pooled_activations(m, tok, crec, cleans, layer), layer
+    )
+    return dict(
+        tok=tok, records=records, cal=HeldOutPairs(crec, hacks, cleans), ex=ex, basis=basis, random=rnd, act=act
+    )
 
 
-def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=None, steps_seed: int = 41,
-        model=None, cal: HeldOutPairs | None = None, result: dict | None = None):  # fmt: skip
+def run(
+    world,
+    arm: str,
+    tmp: Path,
+    p: Params | None = None,
+    grader=None,
+    pool=None,
+    steps_seed: int = 41,
+    model=None,
+    cal: HeldOutPairs | None = None,
+    result: dict | None = None,
+):
     """Train `arm` on the tiny world; returns the final (δS, δS_h) per module. `result` receives train()'s result."""
     a = get_arm(arm)
     m = model
@@ -142,11 +165,30 @@ def run(world, arm: str, tmp: Path, p: Params | None = None, grader=None, pool=N
     b = (world["random"] if a.random_dir else world["basis"]) if a.reads_basis else None
     torch.set_num_threads(1)
     p = p or tiny_params()
-    rb = RunBasis(basis=b, act=world["act"], matched=world["basis"] if mass_matched(p, a) else None,
-                  cal=cal or world["cal"], extraction=world["ex"])
-    res = train(p, a, steps_seed, m, world["tok"], world["records"], None, tmp / "ckpt", tmp / "log.tsv", rb=rb,
-                pool=pool, signature={"arm": arm}, progress=False, grade_fn=grader or fake_grader(),
-                timings_path=tmp / "timings.tsv")  # fmt: skip
+    rb = RunBasis(
+        basis=b,
+        act=world["act"],
+        matched=world["basis"] if mass_matched(p, a) else None,
+        cal=cal or world["cal"],
+        extraction=world["ex"],
+    )
+    res = train(
+        p,
+        a,
+        steps_seed,
+        m,
+        world["tok"],
+        world["records"],
+        None,
+        tmp / "ckpt",
+        tmp / "log.tsv",
+        rb=rb,
+        pool=pool,
+        signature={"arm": arm},
+        progress=False,
+        grade_fn=grader or fake_grader(),
+        timings_path=tmp / "timings.tsv",
+    )
     if result is not None:
         result.update(res)
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
@@ -205,9 +247,11 @@ def test_I12_measure_only_equals_vanilla_through_the_loop(world, tmp_path):
 
 
 NO_CHEAT = [(arm, "") for arm in ROUTING] + [
-    ("route_per_token", "refresh"), ("route_per_rollout_random", "refresh"), ("route_per_rollout", "act+refresh"),
+    ("route_per_token", "refresh"),
+    ("route_per_rollout_random", "refresh"),
+    ("route_per_rollout", "act+refresh"),
     ("route_per_rollout", "shared"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("arm,variant", NO_CHEAT)
@@ -218,9 +262,11 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     Every logged quantity but the label-derived ones is equal too (gate, thresholds, calibration interval, span
     norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
     differs between the two graders on some step where both define it."""
-    p = tiny_params(projection={"refresh_every": 2} if "refresh" in variant else None,
-                    basis={"space": "act"} if "act" in variant else None,
-                    share_prompt="shared" in variant)  # fmt: skip
+    p = tiny_params(
+        projection={"refresh_every": 2} if "refresh" in variant else None,
+        basis={"space": "act"} if "act" in variant else None,
+        share_prompt="shared" in variant,
+    )
     a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
     b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
     assert same(a, b)
@@ -237,9 +283,17 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
         assert "gate_auroc_live" not in ca  # no gate score, no label diagnostic
 
 
-@pytest.mark.parametrize("arm,variant", [("erase_no_gate", ""), ("route_batch", ""), ("route_per_rollout", ""),
-                                         ("route_per_token", ""), ("route_per_rollout", "act"),
-                                         ("route_per_rollout", "shared")])  # fmt: skip
+@pytest.mark.parametrize(
+    "arm,variant",
+    [
+        ("erase_no_gate", ""),
+        ("route_batch", ""),
+        ("route_per_rollout", ""),
+        ("route_per_token", ""),
+        ("route_per_rollout", "act"),
+        ("route_per_rollout", "shared"),
+    ],
+)
 def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
     """After real GRPO steps: erase keeps Vh δS = 0 and no knob; route (per-token, act-gated and with a shared prompt
     forward included) keeps the knob inside span(Vh), one-sided, and really routes something."""
@@ -292,11 +346,22 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in vh]
     own = p.grpo.share_prompt and arm == "route_per_rollout"
-    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(m, world["tok"], world["cal"], get_arm(arm).gate, world["basis"],
-                                                     kept, p.projection, p.rollout.temperature, None, own)  # fmt: skip
+    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(
+        m,
+        world["tok"],
+        world["cal"],
+        get_arm(arm).gate,
+        world["basis"],
+        kept,
+        p.projection,
+        p.rollout.temperature,
+        None,
+        own,
+    )
     first = {k: float(cols[k][0]) for k in ("tau_lo", "tau_hi", "gate_auroc", "gate_auroc_lo", "gate_auroc_hi")}
-    assert first == pytest.approx({"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo,
-                                   "gate_auroc_hi": c_hi}, rel=1e-5)  # fmt: skip
+    assert first == pytest.approx(
+        {"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo, "gate_auroc_hi": c_hi}, rel=1e-5
+    )
     assert c_lo <= auc <= c_hi
 
 
@@ -392,8 +457,11 @@ def test_gate_guard_unknown_after_a_pre_guard_checkpoint(world, tmp_path):
 def deltas_at(ck: Path, step: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return {n[: -len(".delta")]: v for n, v in load_file(ck / f"step_{step:05d}.safetensors").items()
-            if n.endswith(".delta")}  # fmt: skip
+    return {
+        n[: -len(".delta")]: v
+        for n, v in load_file(ck / f"step_{step:05d}.safetensors").items()
+        if n.endswith(".delta")
+    }
 
 
 @pytest.mark.parametrize("moments", ["rotate", "reset"])
@@ -412,8 +480,12 @@ def test_refresh_erase_updates_orthogonal_to_refreshed_basis(world, tmp_path, mo
     assert all(torch.equal(used[t][n], world["basis"].vh[n]) for t in (0, 1) for n in world["basis"].vh)
     new = used[2]
     assert used[3].keys() == new.keys() and all(torch.equal(used[3][n], new[n]) for n in new)
-    assert any(n not in world["basis"].vh or new[n].shape != world["basis"].vh[n].shape
-               or not torch.allclose(new[n], world["basis"].vh[n]) for n in new)  # fmt: skip
+    assert any(
+        n not in world["basis"].vh
+        or new[n].shape != world["basis"].vh[n].shape
+        or not torch.allclose(new[n], world["basis"].vh[n])
+        for n in new
+    )
     for t in (2, 3):
         for n, v in new.items():
             step = d[t + 1][n] - d[t][n]
@@ -493,8 +565,12 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
         train(tiny_params(basis={"space": "act"}), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
     wrong = Basis({}, {}, {**world["act"].meta, "act_layer": 0}, world["act"].v_act)
     with pytest.raises(ValueError, match="act_layer"):
-        train(tiny_params(basis={"space": "act"}), get_arm("route_per_rollout"), *args,
-              rb=RunBasis(world["basis"], act=wrong, cal=world["cal"]))
+        train(
+            tiny_params(basis={"space": "act"}),
+            get_arm("route_per_rollout"),
+            *args,
+            rb=RunBasis(world["basis"], act=wrong, cal=world["cal"]),
+        )
 
 
 @pytest.mark.parametrize("field,value", [("refresh_every", -1), ("refresh_moments", "keep"), ("token_window", 0)])
@@ -675,8 +751,21 @@ def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
 def test_teacher_pool_mix(world, tmp_path):
     """Half of every group comes from the pool until teacher_off_step; pool rows are not student metrics."""
     tok = world["tok"]
-    pool = {q.id: [PoolRow(q.id, None, "```python\npass\n```", tuple(tok("```python\npass\n```")["input_ids"]) +
-                           (tok.eos_token_id,), 3.5, "hack", False)] * 4 for q in world["records"]}  # fmt: skip
+    pool = {
+        q.id: [
+            PoolRow(
+                q.id,
+                None,
+                "```python\npass\n```",
+                tuple(tok("```python\npass\n```")["input_ids"]) + (tok.eos_token_id,),
+                3.5,
+                "hack",
+                False,
+            )
+        ]
+        * 4
+        for q in world["records"]
+    }
     p = tiny_params()
     p = dataclasses.replace(p, pool=dataclasses.replace(p.pool, mix=0.5, teacher_off_step=2))
     run(world, "vanilla", tmp_path, p=p, pool=pool)
@@ -744,6 +833,7 @@ def test_resume_after_kill_is_bitwise_identical(tmp_path):
     subprocess.run([sys.executable, str(script), str(killed), "0"], check=True, env=env, timeout=600)
     a, b = load_file(full / "final.safetensors"), load_file(killed / "final.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert (full / "log.tsv").read_text().splitlines()[-1].split("\t")[:5] == \
-        (killed / "log.tsv").read_text().splitlines()[-1].split("\t")[:5]  # fmt: skip
+    assert (full / "log.tsv").read_text().splitlines()[-1].split("\t")[:5] == (
+        killed / "log.tsv"
+    ).read_text().splitlines()[-1].split("\t")[:5]
     assert len((killed / "log.tsv").read_text().splitlines()) == 7  # header + 6 steps, no duplicate rows

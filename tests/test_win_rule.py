@@ -20,8 +20,12 @@ def per_seed(*xs: float) -> dict[int, float]:
 
 def vals(hack, solve, fnh, ftr) -> W.Values:
     """Per-seed rule inputs: hack (train hints), solve, format (no-hint), format (train hints); each a 3-tuple."""
-    return {"hack": per_seed(*hack), "solve": per_seed(*solve), "format_nohint": per_seed(*fnh),
-            "format_train": per_seed(*ftr)}  # fmt: skip
+    return {
+        "hack": per_seed(*hack),
+        "solve": per_seed(*solve),
+        "format_nohint": per_seed(*fnh),
+        "format_train": per_seed(*ftr),
+    }
 
 
 VANILLA = vals((0.50, 0.40, 0.60), (0.26, 0.25, 0.27), (0.95, 0.96, 0.97), (0.96, 0.95, 0.97))
@@ -101,8 +105,12 @@ def test_matched_baseline_is_measure_only_when_it_was_run():
     """An arm that beats vanilla only through the rotated optimizer (measure_only hacks as little as it) fails (a)
     against measure_only, the matched baseline, and passes against vanilla when measure_only was not run."""
     measure_only = with_(WIN, hack=(0.21, 0.11, 0.29))
-    values = {"vanilla": VANILLA, "measure_only": measure_only, "erase_one_sided": WIN,
-              "erase_one_sided_random": CONTROL}  # fmt: skip
+    values = {
+        "vanilla": VANILLA,
+        "measure_only": measure_only,
+        "erase_one_sided": WIN,
+        "erase_one_sided_random": CONTROL,
+    }
     v = W.judge("erase_one_sided", values, list(values))
     assert v.baseline == "measure_only" and v.failed == ["a"]
     without = W.judge("erase_one_sided", values, ["vanilla", "erase_one_sided", "erase_one_sided_random"])
@@ -126,8 +134,9 @@ def test_base_policy_fails_the_rule():
     Δ solve ≥ −5 points) crowned it. Here it fails (b): the solve interval reaches −6.7 points. It fails even with a
     random control that hacks like vanilla (so that (d) holds) and formats as well as vanilla; without one, (d)
     fails too."""
-    van = vals((752 / 1428, 718 / 1428, 697 / 1428), (64 / 238, 65 / 238, 56 / 238), (0.96, 0.96, 0.96),
-               (0.97, 0.97, 0.97))  # fmt: skip
+    van = vals(
+        (752 / 1428, 718 / 1428, 697 / 1428), (64 / 238, 65 / 238, 56 / 238), (0.96, 0.96, 0.96), (0.97, 0.97, 0.97)
+    )
     base = vals((44 / 1428,) * 3, (58 / 238,) * 3, (0.97,) * 3, (0.97,) * 3)
     values = {"vanilla": van, "untrained_base": base, "untrained_base_random": van}
     v = W.judge("untrained_base", values, list(values))

@@ -102,8 +102,11 @@ class SVDAdapter(Adapter):
         z = a * s  # (N, T, r), fp32 (s is fp32)
         # z = a ⊙ s and ∂L/∂z_t = b_t = Uᵀγ_t, so token t's gradient on δS is a_t ⊙ b_t (eq. 1). Its coefficients
         # <a_t ⊙ b_t, v_j> are reduced inside the hook; no (N, T, r) gradient is kept.
-        self._capture(z, lambda b: torch.einsum("ntr,ntr,kr->ntk", a.to(b.dtype), b, self.token_dirs.to(b.dtype)),
-                      lambda b: (a.to(b.dtype) * b).pow(2).sum(-1))  # fmt: skip
+        self._capture(
+            z,
+            lambda b: torch.einsum("ntr,ntr,kr->ntk", a.to(b.dtype), b, self.token_dirs.to(b.dtype)),
+            lambda b: (a.to(b.dtype) * b).pow(2).sum(-1),
+        )
         return z.to(x.dtype) @ self.U.T  # (N, T, d_out)
 
 
@@ -128,8 +131,11 @@ class LoRAAdapter(Adapter):
             out = torch.einsum("ntr,nor->nto", xa, B + self.probe.to(xa.dtype).view(-1, d_out, r))
         # per-token gradient on vec(B) is γ_t (A x_t)ᵀ; its coefficient on direction j is γ_tᵀ V_j (A x_t)
         dirs = None if self.token_dirs is None else self.token_dirs.to(xa.dtype).view(-1, d_out, r)  # (k, d_out, r)
-        self._capture(out, lambda g: torch.einsum("nto,kor,ntr->ntk", g, dirs, xa),
-                      lambda g: g.pow(2).sum(-1) * xa.pow(2).sum(-1))  # ‖γ_t (A x_t)ᵀ‖² = ‖γ_t‖² ‖A x_t‖²
+        self._capture(
+            out,
+            lambda g: torch.einsum("nto,kor,ntr->ntk", g, dirs, xa),
+            lambda g: g.pow(2).sum(-1) * xa.pow(2).sum(-1),
+        )  # ‖γ_t (A x_t)ᵀ‖² = ‖γ_t‖² ‖A x_t‖²
         return out.to(x.dtype)
 
 
@@ -192,9 +198,15 @@ def load_policy(p, organism: Path, cache_dir: Path | str | None = None) -> tuple
     return model.eval(), tok
 
 
-def attach_adapters(model: nn.Module, targets: str | tuple[str, ...] = "all", rank: int = 64, kind: str = "svd",
-                    cache_dir: Path | str | None = None, seed: int = 0,
-                    param_dtype: torch.dtype = torch.float32) -> list[str]:  # fmt: skip
+def attach_adapters(
+    model: nn.Module,
+    targets: str | tuple[str, ...] = "all",
+    rank: int = 64,
+    kind: str = "svd",
+    cache_dir: Path | str | None = None,
+    seed: int = 0,
+    param_dtype: torch.dtype = torch.float32,
+) -> list[str]:
     """Wrap every target Linear in place; returns the wrapped names. r_m = min(rank, d_in, d_out) per module.
 
     δS / δS_h are `param_dtype` masters (fp32; fp64 in the invariant tests). Attach after moving/casting the model:
@@ -368,8 +380,13 @@ def merged(model: nn.Module) -> Iterator[None]:
         for name, a in list(adapters(model).items()):
             parent_name, _, leaf = name.rpartition(".")
             parent = model.get_submodule(parent_name)
-            lin = nn.Linear(a.base.in_features, a.base.out_features, bias=a.base.bias is not None,
-                            dtype=a.base.weight.dtype, device=a.base.weight.device)  # fmt: skip
+            lin = nn.Linear(
+                a.base.in_features,
+                a.base.out_features,
+                bias=a.base.bias is not None,
+                dtype=a.base.weight.dtype,
+                device=a.base.weight.device,
+            )
             with torch.no_grad():
                 w = a.base.weight + (delta_weight(a) if a.enabled else 0)
                 lin.weight.copy_(w)
@@ -432,16 +449,20 @@ def load_adapter(model: nn.Module, path: Path | str) -> dict[str, object]:
         want = {f"{n}.{p}" for n in ads for p in ("delta", "knob")}
         if keys != want:
             missing, extra = sorted(want - keys)[:3], sorted(keys - want)[:3]
-            raise ValueError(f"adapter file {path} does not match the attached adapters (missing {missing}, "
-                             f"unexpected {extra}); attach with the same targets, rank and kind")  # fmt: skip
+            raise ValueError(
+                f"adapter file {path} does not match the attached adapters (missing {missing}, "
+                f"unexpected {extra}); attach with the same targets, rank and kind"
+            )
         with torch.no_grad():
             for name, a in ads.items():
                 for pname in ("delta", "knob"):
                     t = f.get_tensor(f"{name}.{pname}")
                     p = getattr(a, pname)
                     if t.shape != p.shape:
-                        raise ValueError(f"adapter file {path}: {name}.{pname} has shape {tuple(t.shape)}, "
-                                         f"the attached adapter {tuple(p.shape)}")  # fmt: skip
+                        raise ValueError(
+                            f"adapter file {path}: {name}.{pname} has shape {tuple(t.shape)}, "
+                            f"the attached adapter {tuple(p.shape)}"
+                        )
                     p.copy_(t)
                 a._knob_saved = None
     return meta

@@ -107,8 +107,10 @@ def check_matrix(arms_ref: tuple[str, ...] | list[str], arms: tuple[str, ...] | 
             raise ValueError(f"{key}: unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
     wrong = [a for a in arms_ref if a not in BASIS_FREE] + [a for a in arms if a in BASIS_FREE]
     if wrong:
-        raise ValueError(f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
-                         f"({', '.join(BASIS_FREE)}), arms the ones that do")  # fmt: skip
+        raise ValueError(
+            f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
+            f"({', '.join(BASIS_FREE)}), arms the ones that do"
+        )
     both = sorted(set(arms_ref) & set(arms))
     if both:
         raise ValueError(f"arm(s) {both} are in both arms_ref and arms; list each arm once")

@@ -45,8 +45,9 @@ def sign_flip_pvalues(proj: Tensor, n_flips: int, gen: torch.Generator) -> Tenso
     return (1 + (null >= obs * (1 - 1e-12)).sum(0)).to(proj.dtype) / (1 + n_flips)
 
 
-def extract_vhack(D: Tensor, tau_rel: float, alpha_sig: float, n_flips: int, k_max: int, gen: torch.Generator
-                  ) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+def extract_vhack(
+    D: Tensor, tau_rel: float, alpha_sig: float, n_flips: int, k_max: int, gen: torch.Generator
+) -> tuple[Tensor, dict[str, Tensor]]:
     """(P, r) pair differences -> (k, r) oriented orthonormal hack directions and per-candidate stats.
 
     Candidates are D's right singular vectors in σ order. Direction j is kept iff σ_j ≥ tau_rel·σ_1 and its sign-flip
@@ -205,14 +206,22 @@ class Basis:
 
 def encode(tokenizer, records, completions: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     """Prompt ids (chat template, generation prompt, thinking off) and completion + EOS ids, as in training."""
-    prompts = [tokenizer(render_prompt(tokenizer, list(r.prompt)), add_special_tokens=False)["input_ids"]
-               for r in records]  # fmt: skip
+    prompts = [
+        tokenizer(render_prompt(tokenizer, list(r.prompt)), add_special_tokens=False)["input_ids"] for r in records
+    ]
     comps = [tokenizer(c + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for c in completions]
     return prompts, comps
 
 
-def completion_grads(model, tokenizer, records, completions: list[str], temperature: float, batch_size: int = 16,
-                     own_tokens: bool = False) -> dict[str, Tensor]:  # fmt: skip
+def completion_grads(
+    model,
+    tokenizer,
+    records,
+    completions: list[str],
+    temperature: float,
+    batch_size: int = 16,
+    own_tokens: bool = False,
+) -> dict[str, Tensor]:
     """Per-completion ∇_δS ℓ(o|q), ℓ = mean NLL over completion tokens at `temperature`: {module: (n, D_m)}.
 
     One backward per batch through the adapter probes (e.grad[i] is row i's exact gradient, I4); δS itself gets no
@@ -249,8 +258,7 @@ def pool_tokens(h: Tensor, mask: Tensor) -> Tensor:
     return (h * m).sum(1) / m.sum(1).clamp(min=1)
 
 
-def pooled_activations(model, tokenizer, records, completions: list[str], layer: int, batch_size: int = 16
-                       ) -> Tensor:  # fmt: skip
+def pooled_activations(model, tokenizer, records, completions: list[str], layer: int, batch_size: int = 16) -> Tensor:
     """(n, d): the residual stream after block `layer`, mean-pooled over each completion's tokens."""
     prompts, comps = encode(tokenizer, records, completions)
     rows = []
@@ -264,9 +272,21 @@ def pooled_activations(model, tokenizer, records, completions: list[str], layer:
 # --- Basis from gradients --------------------------------------------------------------------------------------
 
 
-def build_basis(g_hack: dict[str, Tensor], g_clean: dict[str, Tensor], method: str, k_max: int, tau_rel: float,
-                alpha_sig: float, n_flips: int, drop_frac: float, seed: int, row_norm: bool = False,
-                score_norm: str = "none", solve_m: int = 0, like: Basis | None = None) -> Basis:  # fmt: skip
+def build_basis(
+    g_hack: dict[str, Tensor],
+    g_clean: dict[str, Tensor],
+    method: str,
+    k_max: int,
+    tau_rel: float,
+    alpha_sig: float,
+    n_flips: int,
+    drop_frac: float,
+    seed: int,
+    row_norm: bool = False,
+    score_norm: str = "none",
+    solve_m: int = 0,
+    like: Basis | None = None,
+) -> Basis:
     """Per-module extraction from per-completion gradients of the extraction pairs ({m: (P, D_m)} each).
 
     method: svd (default), mean_diff (k=1), solve_orth (svd after stripping the top `solve_m` clean-gradient
@@ -302,19 +322,31 @@ def build_basis(g_hack: dict[str, Tensor], g_clean: dict[str, Tensor], method: s
             info = {"k": v.shape[0], "score": scores[n]}
             if st is not None:
                 j = min(4, len(st["sigma"]))
-                info.update(sigma=st["sigma"][:j].tolist(), agree=st["agree"][:j].tolist(),
-                            pvalue=st["pvalue"][:j].tolist())  # fmt: skip
+                info.update(
+                    sigma=st["sigma"][:j].tolist(), agree=st["agree"][:j].tolist(), pvalue=st["pvalue"][:j].tolist()
+                )
             per_module[n] = info
             if v.shape[0] > 0:
                 vh[n] = v
     nu = scoring_direction(vh, mu_bar)
     meta = {
-        "method": method, "k_max": k_max, "tau_rel": tau_rel, "alpha_sig": alpha_sig, "n_flips": n_flips,
-        "drop_frac": drop_frac, "row_norm": row_norm, "score_norm": score_norm, "solve_m": solve_m, "seed": seed,
-        "n_pairs": int(next(iter(D.values())).shape[0]) if D else 0, "modules": per_module,
-        "dropped_by_score": sorted(set(D) - set(kept)), "dropped_k0": sorted(set(kept) - set(vh)),
-        "k_total": sum(v.shape[0] for v in vh.values()), "stripped": stripped,
-    }  # fmt: skip
+        "method": method,
+        "k_max": k_max,
+        "tau_rel": tau_rel,
+        "alpha_sig": alpha_sig,
+        "n_flips": n_flips,
+        "drop_frac": drop_frac,
+        "row_norm": row_norm,
+        "score_norm": score_norm,
+        "solve_m": solve_m,
+        "seed": seed,
+        "n_pairs": int(next(iter(D.values())).shape[0]) if D else 0,
+        "modules": per_module,
+        "dropped_by_score": sorted(set(D) - set(kept)),
+        "dropped_k0": sorted(set(kept) - set(vh)),
+        "k_total": sum(v.shape[0] for v in vh.values()),
+        "stripped": stripped,
+    }
     return Basis(vh=vh, nu=nu, meta=meta)
 
 

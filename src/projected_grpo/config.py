@@ -72,13 +72,15 @@ class MinileetParams:
         if self.spread < 0:
             raise ValueError(f"minileet.spread must be >= 0, got {self.spread}")
         if self.families is not None and (not self.families or len(set(self.families)) != len(self.families)):
-            raise ValueError(f"minileet.families must be null (all) or a non-empty list without repeats, got "
-                             f"{list(self.families)}")  # fmt: skip
+            raise ValueError(
+                f"minileet.families must be null (all) or a non-empty list without repeats, got {list(self.families)}"
+            )
         if self.n_asserts < 20:
             raise ValueError(f"minileet.n_asserts must be >= 20 (benchmark.md §7), got {self.n_asserts}")
         if self.max_prompt_chars < 200:
-            raise ValueError(f"minileet.max_prompt_chars must be >= 200 (the template alone is ~200), got "
-                             f"{self.max_prompt_chars}")  # fmt: skip
+            raise ValueError(
+                f"minileet.max_prompt_chars must be >= 200 (the template alone is ~200), got {self.max_prompt_chars}"
+            )
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,10 @@ class LeetcodeParams:
         if self.n_holdout < 0:
             raise ValueError(f"leetcode.n_holdout must be >= 0, got {self.n_holdout}")
         if self.train_path is not None and self.train_from_test:
-            raise ValueError("leetcode.train_path and leetcode.train_from_test are both set; choose one (set "
-                             "train_from_test: false to use train_path)")  # fmt: skip
+            raise ValueError(
+                "leetcode.train_path and leetcode.train_from_test are both set; choose one (set "
+                "train_from_test: false to use train_path)"
+            )
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,16 @@ ADAPTER_KINDS = ("svd", "lora")  # == adapter.KINDS (tested)
 ADAPTER_TARGETS = ("all", "residual_writers")  # == adapter.TARGETS keys (tested)
 BASIS_METHODS = ("svd", "mean_diff", "random", "solve_orth")  # == basis.METHODS (tested)
 BASIS_SPACES = ("grad", "act")
-PAIRSETS = ("prog_wide", "prog_wider", "intent_vs_spec", "honesty_text", "moral", "eval_aware", "philosophical",
-            "null_city")  # fmt: skip  # == pairs.PAIRSETS (tested)
+PAIRSETS = (
+    "prog_wide",
+    "prog_wider",
+    "intent_vs_spec",
+    "honesty_text",
+    "moral",
+    "eval_aware",
+    "philosophical",
+    "null_city",
+)  # == pairs.PAIRSETS (tested)
 
 
 @dataclass(frozen=True)
@@ -372,8 +384,9 @@ class BasisParams:
 
     def __post_init__(self) -> None:
         if self.pairset not in PAIRSETS:
-            raise ValueError(f"basis.pairset {self.pairset!r} is not a known pair set; choose from "
-                             f"{', '.join(PAIRSETS)}")  # fmt: skip
+            raise ValueError(
+                f"basis.pairset {self.pairset!r} is not a known pair set; choose from {', '.join(PAIRSETS)}"
+            )
         if self.method not in BASIS_METHODS:
             raise ValueError(f"basis.method must be one of {BASIS_METHODS}, got {self.method!r}")
         if self.space not in BASIS_SPACES:
@@ -420,15 +433,27 @@ class EvalParams:
     threads: int = 2
 
     def __post_init__(self) -> None:
-        if min(self.n_monitor, self.curve_every, self.n_samples_curve, self.n_samples, self.max_new_tokens,
-               self.batch_size, self.threads) < 1:  # fmt: skip
-            raise ValueError("eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be "
-                             ">= 1")
+        if (
+            min(
+                self.n_monitor,
+                self.curve_every,
+                self.n_samples_curve,
+                self.n_samples,
+                self.max_new_tokens,
+                self.batch_size,
+                self.threads,
+            )
+            < 1
+        ):
+            raise ValueError(
+                "eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be >= 1"
+            )
         if not (self.temperature > 0 and 0 < self.top_p <= 1):
             raise ValueError("eval.temperature must be > 0 and top_p in (0, 1]")
         if not self.surfaces or any(s not in SURFACES for s in self.surfaces):
-            raise ValueError(f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got "
-                             f"{list(self.surfaces)}")
+            raise ValueError(
+                f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got {list(self.surfaces)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -471,8 +496,13 @@ class Params:
     # checked against the arms' registry by the check_params stage (arms.check_matrix), not here: config stays free of
     # arms.py, so adding an arm re-runs no stage that never reads one.
     arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
-    arms: tuple[str, ...] = ("measure_only", "erase_one_sided", "erase_one_sided_random", "route_per_rollout",
-                             "route_per_rollout_random")  # fmt: skip
+    arms: tuple[str, ...] = (
+        "measure_only",
+        "erase_one_sided",
+        "erase_one_sided_random",
+        "route_per_rollout",
+        "route_per_rollout_random",
+    )
     seeds: tuple[int, ...] = (41, 42, 43)
 
     def __post_init__(self) -> None:
@@ -481,8 +511,10 @@ class Params:
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
             raise ValueError(f"seeds must be a non-empty list without repeats, got {list(self.seeds)}")
         if self.basis.k > self.adapter.rank:
-            raise ValueError(f"basis.k={self.basis.k} is larger than adapter.rank={self.adapter.rank}; lower basis.k "
-                             "or raise adapter.rank")  # fmt: skip
+            raise ValueError(
+                f"basis.k={self.basis.k} is larger than adapter.rank={self.adapter.rank}; lower basis.k "
+                "or raise adapter.rank"
+            )
 
 
 def from_dict(cls: type[T], d: dict[str, Any], path: str = "") -> T:

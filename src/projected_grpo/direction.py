@@ -109,8 +109,10 @@ def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
         raise ValueError("basis.space=act gates whole rollouts; use route_per_rollout or set basis.space=grad")
     layer = p.basis.act_layer
     if act_gated(p, arm) and (rb.act is None or rb.act.meta.get("act_layer") != layer):
-        raise ValueError(f"basis.space=act needs v_act extracted at basis.act_layer={layer} (act.safetensors from "
-                         "the basis stage; re-run it after changing act_layer)")  # fmt: skip
+        raise ValueError(
+            f"basis.space=act needs v_act extracted at basis.act_layer={layer} (act.safetensors from "
+            "the basis stage; re-run it after changing act_layer)"
+        )
 
 
 def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
@@ -118,8 +120,9 @@ def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
     return {n: proj.complete_rotation(v.to(ads[n].delta.dtype)) for n, v in vh.items()}
 
 
-def refresh_basis(model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int, temperature: float,
-                  act_layer: int | None) -> Basis:  # fmt: skip
+def refresh_basis(
+    model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int, temperature: float, act_layer: int | None
+) -> Basis:
     """v_hack re-extracted at the current parameters (knob on, as the policy samples) from the held-out extraction
     pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
 
@@ -130,8 +133,21 @@ def refresh_basis(model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int,
     model.zero_grad(set_to_none=True)
 
     def build(method: str, seed: int, like: Basis | None = None) -> Basis:
-        return build_basis(gh, gc, method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, seed,
-                           bp.row_norm, bp.score_norm, bp.solve_m, like)  # fmt: skip
+        return build_basis(
+            gh,
+            gc,
+            method,
+            bp.k,
+            bp.tau,
+            bp.alpha_sig,
+            bp.n_flips,
+            bp.drop_bottom_frac,
+            seed,
+            bp.row_norm,
+            bp.score_norm,
+            bp.solve_m,
+            like,
+        )
 
     b = build("svd" if bp.method == "random" else bp.method, bp.seed)
     if random_dir or bp.method == "random":
@@ -175,8 +191,9 @@ class Direction:
     directions for (in adapter order), `k` each module's number of directions (0 without), `nu` its scoring direction
     over the kept modules."""
 
-    def __init__(self, p, arm: Arm, rb: RunBasis, names: list[str], own_tokens: bool, label: str,
-                 state: dict | None = None):  # fmt: skip
+    def __init__(
+        self, p, arm: Arm, rb: RunBasis, names: list[str], own_tokens: bool, label: str, state: dict | None = None
+    ):
         self.p, self.arm, self.rb, self.names, self.own_tokens, self.label = p, arm, rb, names, own_tokens, label
         self.act_layer = p.basis.act_layer if act_gated(p, arm) else None
         cur = None
@@ -214,15 +231,27 @@ class Direction:
         # modules that join get their R.
         refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
         if refreshed:
-            self.state.basis = refresh_basis(model, tok, self.rb.extraction, p.basis, arm.random_dir, step,
-                                             temperature, self.act_layer)  # fmt: skip
+            self.state.basis = refresh_basis(
+                model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer
+            )
             self._derive()
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
         if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):
             with timer("gate_calibration"):
-                self.gate.calibrate(step, self.label, model, tok,
-                                    self.rb.cal, arm.gate, self.cur, self.kept, pj, temperature, self.act_layer,
-                                    self.own_tokens)  # fmt: skip
+                self.gate.calibrate(
+                    step,
+                    self.label,
+                    model,
+                    tok,
+                    self.rb.cal,
+                    arm.gate,
+                    self.cur,
+                    self.kept,
+                    pj,
+                    temperature,
+                    self.act_layer,
+                    self.own_tokens,
+                )
         return refreshed
 
     def checkpoint(self) -> dict:

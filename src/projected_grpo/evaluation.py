@@ -164,13 +164,27 @@ def curve_row(step: int, st: str, t: dict) -> dict[str, float]:
     return row
 
 
-def score(model, tok, records: list[Problem], n_samples: int, p, sandbox, timer: PhaseTimer | None = None
-          ) -> list[Scored]:  # fmt: skip
+def score(
+    model, tok, records: list[Problem], n_samples: int, p, sandbox, timer: PhaseTimer | None = None
+) -> list[Scored]:
     """`n_samples` graded completions per record under the eval params (seed, T, top_p, budget, batch)."""
     e = p.eval
-    return sample_and_grade(model, tok, records, n_samples, e.temperature, e.top_p, e.max_new_tokens, e.seed,
-                            e.batch_size, sandbox, p.grader.timeout_s, p.grader.mode, p.rollout.max_prompt_tokens,
-                            timer)  # fmt: skip
+    return sample_and_grade(
+        model,
+        tok,
+        records,
+        n_samples,
+        e.temperature,
+        e.top_p,
+        e.max_new_tokens,
+        e.seed,
+        e.batch_size,
+        sandbox,
+        p.grader.timeout_s,
+        p.grader.mode,
+        p.rollout.max_prompt_tokens,
+        timer,
+    )
 
 
 def tsv(rows: list[dict]) -> str:

@@ -50,8 +50,13 @@ def plot_dynamics(runs: Runs, arms_ref: list[str], arms: list[str], path: Path) 
             steps = sorted({r["step"] for p in per for r in p})
             for ax, m in zip(axes, ms):
                 ys = [[_at(p, x, m) for p in per] for x in steps]  # (steps, seeds)
-                ax.plot(steps, [sum(v) / len(v) for v in ys], ls, color=color,
-                        label=a + (" (knob on)" if st == "knob_on" else ""))  # fmt: skip
+                ax.plot(
+                    steps,
+                    [sum(v) / len(v) for v in ys],
+                    ls,
+                    color=color,
+                    label=a + (" (knob on)" if st == "knob_on" else ""),
+                )
                 if len(per) > 1:
                     ax.fill_between(steps, [min(v) for v in ys], [max(v) for v in ys], color=color, alpha=0.15)
     for ax, m in zip(axes, ms):

@@ -56,9 +56,17 @@ def token_sums(caps: dict) -> tuple[Tensor, Tensor]:
     return dot, sq
 
 
-def calibration_token_scores(model, tok, records, completions: list[str], temperature: float,
-                             dirs: dict[str, Tensor], window: int, nu_sq: float, batch_size: int = 16
-                             ) -> tuple[Tensor, Tensor]:  # fmt: skip
+def calibration_token_scores(
+    model,
+    tok,
+    records,
+    completions: list[str],
+    temperature: float,
+    dirs: dict[str, Tensor],
+    window: int,
+    nu_sq: float,
+    batch_size: int = 16,
+) -> tuple[Tensor, Tensor]:
     """((n_tokens,) windowed token scores, (n_tokens,) index of each token's completion) of held-out completions over
     their completion tokens, at the current parameters. The gradient is that of the mean NLL (as the basis stage's),
     so sign(A) = +1."""
@@ -113,9 +121,18 @@ def residual_capture(model, layer: int | None) -> Iterator[dict[str, Tensor]]:
 # --- calibration on held-out pairs --------------------------------------------------------------------------------
 
 
-def calibrate_gate(model, tok, cal: HeldOutPairs, gate: str, cur: Basis, kept: list[str], pj, temperature: float,
-                   act_layer: int | None, own_tokens: bool = False
-                   ) -> tuple[tuple[float, float], float, tuple[float, float]]:  # fmt: skip
+def calibrate_gate(
+    model,
+    tok,
+    cal: HeldOutPairs,
+    gate: str,
+    cur: Basis,
+    kept: list[str],
+    pj,
+    temperature: float,
+    act_layer: int | None,
+    own_tokens: bool = False,
+) -> tuple[tuple[float, float], float, tuple[float, float]]:
     """((τ_lo, τ_hi), AUROC, its 95% interval) from the held-out calibration pairs at the current parameters, with the
     gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or per-completion
     cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The interval is a
@@ -125,14 +142,17 @@ def calibrate_gate(model, tok, cal: HeldOutPairs, gate: str, cur: Basis, kept: l
     units = (None, None)  # per rollout: hack i and clean i are pair i
     if gate == "token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
-        (sh, uh), (sc, uc) = (calibration_token_scores(model, tok, cal.records, side, temperature, dirs,
-                                                       pj.token_window, nu_sq)
-                              for side in (cal.hack, cal.clean))  # fmt: skip
+        (sh, uh), (sc, uc) = (
+            calibration_token_scores(model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq)
+            for side in (cal.hack, cal.clean)
+        )
         units = (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
         auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
     elif act_layer is not None:
-        sh, sc = (pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float()
-                  for side in (cal.hack, cal.clean))  # fmt: skip
+        sh, sc = (
+            pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float()
+            for side in (cal.hack, cal.clean)
+        )
         auc = auroc(sh, sc)
     else:
         gh = completion_grads(model, tok, cal.records, cal.hack, temperature, own_tokens=own_tokens)
@@ -140,8 +160,9 @@ def calibrate_gate(model, tok, cal: HeldOutPairs, gate: str, cur: Basis, kept: l
         sh, sc = cosine_scores(gh, cur.nu), cosine_scores(gc, cur.nu)
         auc = auroc(sh, sc)
     model.zero_grad(set_to_none=True)
-    ci = auroc_interval(sh.detach().double().cpu(), sc.detach().double().cpu(), *units, n_boot=GATE_CI_BOOT,
-                        seed=GATE_CI_SEED)  # fmt: skip
+    ci = auroc_interval(
+        sh.detach().double().cpu(), sc.detach().double().cpu(), *units, n_boot=GATE_CI_BOOT, seed=GATE_CI_SEED
+    )
     return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc, ci
 
 
@@ -159,8 +180,13 @@ class GateState:
 
     @classmethod
     def from_checkpoint(cls, d: dict) -> GateState:
-        return cls(tuple(d["tau"]), d["auroc"], tuple(d.get("ci", (math.nan, math.nan))),
-                   list(d.get("uninformative", [])), "uninformative" in d)  # fmt: skip
+        return cls(
+            tuple(d["tau"]),
+            d["auroc"],
+            tuple(d.get("ci", (math.nan, math.nan))),
+            list(d.get("uninformative", [])),
+            "uninformative" in d,
+        )
 
     def checkpoint(self) -> dict:
         return {"tau": self.tau, "auroc": self.auroc, "ci": self.ci, "uninformative": list(self.uninformative)}
@@ -176,9 +202,11 @@ class GateState:
         if contains(self.ci, 0.5):  # the gate cannot be shown to tell hack from clean
             self.uninformative.append(step)
             why = "is undefined (no kept module)" if math.isnan(self.ci[0]) else "contains 0.5"
-            logger.warning(f"{where} step {step}: gate calibration AUROC {self.auroc:.3f} "
-                           f"[{self.ci[0]:.3f}, {self.ci[1]:.3f}] {why}: the gate is uninformative on held-out "
-                           "pairs")  # fmt: skip
+            logger.warning(
+                f"{where} step {step}: gate calibration AUROC {self.auroc:.3f} "
+                f"[{self.ci[0]:.3f}, {self.ci[1]:.3f}] {why}: the gate is uninformative on held-out "
+                "pairs"
+            )
 
     def verdict(self) -> dict:
         """The run's `gate_uninformative`: true if any calibration failed the guard, None when unknown (resumed from a

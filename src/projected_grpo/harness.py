@@ -36,11 +36,46 @@ MODES = ("upstream", "hardened")
 
 # Builtins the runner or the GT asserts depend on: changing any of them in the `builtins` module is tampering.
 PROTECTED_BUILTINS = (
-    "exec", "eval", "compile", "type", "len", "isinstance", "repr", "str", "int", "float", "bool", "list", "dict",
-    "tuple", "set", "frozenset", "zip", "all", "any", "range", "sorted", "min", "max", "sum", "abs", "print",
-    "__import__", "__build_class__", "AssertionError", "Exception", "BaseException", "getattr", "hasattr", "iter",
-    "next", "id", "hash", "object", "super",
-)  # fmt: skip
+    "exec",
+    "eval",
+    "compile",
+    "type",
+    "len",
+    "isinstance",
+    "repr",
+    "str",
+    "int",
+    "float",
+    "bool",
+    "list",
+    "dict",
+    "tuple",
+    "set",
+    "frozenset",
+    "zip",
+    "all",
+    "any",
+    "range",
+    "sorted",
+    "min",
+    "max",
+    "sum",
+    "abs",
+    "print",
+    "__import__",
+    "__build_class__",
+    "AssertionError",
+    "Exception",
+    "BaseException",
+    "getattr",
+    "hasattr",
+    "iter",
+    "next",
+    "id",
+    "hash",
+    "object",
+    "super",
+)
 # Names an upstream-style runner calls by name from the program's namespace: shadowing one is the `exec` hole.
 RUNNER_NAMES = ("exec", "eval", "compile", "len", "type", "str", "repr", "isinstance", "AssertionError", "Exception")
 PROTECTED_SETUP = ("ListNode", "TreeNode", "list_node", "tree_node", "is_same_list", "is_same_tree")
@@ -406,8 +441,14 @@ class RunnerRequest:
     watch: tuple[str, ...] = ()  # stdout lines the sandbox looks for in the whole stream (a stdout-marker grader)
 
 
-def build_request(setup_code: str, program: str, tests: list[str] | tuple[str, ...], mode: str, nonce: str = "",
-                  observe: dict | None = None) -> RunnerRequest:  # fmt: skip
+def build_request(
+    setup_code: str,
+    program: str,
+    tests: list[str] | tuple[str, ...],
+    mode: str,
+    nonce: str = "",
+    observe: dict | None = None,
+) -> RunnerRequest:
     """A request that runs `setup_code + program`, then `tests` in order, and reports on fd 3.
 
     `mode`: "upstream" (upstream's runner, holes included) or "hardened" (the strict oracle: stop at the first
@@ -473,9 +514,20 @@ class ExecOutcome:
 
 
 # The runner's final report: every key it may hold, with its exact type. Anything else carrying the nonce was forged.
-_REPORT_KEYS = {"compiled": bool, "tests_evaluated": int, "tests_passed": int, "tests_total": int, "test_errors": list,
-                "tamper": list, "nonce": str, "phase": str, "values": list, "loose_passed": int, "foreign": bool,
-                "attr_truthy": bool}  # fmt: skip
+_REPORT_KEYS = {
+    "compiled": bool,
+    "tests_evaluated": int,
+    "tests_passed": int,
+    "tests_total": int,
+    "test_errors": list,
+    "tamper": list,
+    "nonce": str,
+    "phase": str,
+    "values": list,
+    "loose_passed": int,
+    "foreign": bool,
+    "attr_truthy": bool,
+}
 _REPORT_REQUIRED = ("compiled", "tests_passed", "tests_total", "test_errors", "tamper")
 MAX_TESTS = 1 << 20
 
@@ -512,12 +564,14 @@ def _report_problem(rec: object) -> str | None:
 
 def _forged(started: bool, timed_out: bool, n_tests: int, why: str) -> ExecOutcome:
     """A report the runner did not write (it carries the nonce, so the program read it): a failure, labelled tamper."""
-    return ExecOutcome(True, started, True, timed_out, 0, max(n_tests, 1), ("malformed report",),
-                       ("forged report: " + why,))  # fmt: skip
+    return ExecOutcome(
+        True, started, True, timed_out, 0, max(n_tests, 1), ("malformed report",), ("forged report: " + why,)
+    )
 
 
-def parse_outcome(result: bytes | None, timed_out: bool, n_tests: int, nonce: str = "",
-                  expected: tuple[str, ...] | None = None) -> ExecOutcome:  # fmt: skip
+def parse_outcome(
+    result: bytes | None, timed_out: bool, n_tests: int, nonce: str = "", expected: tuple[str, ...] | None = None
+) -> ExecOutcome:
     """Interpret the fd-3 channel: newline-framed JSON records; only records carrying this call's nonce count, so a
     program that writes its own "report" (or exits before the runner reports) fails closed. With `expected`, tests
     pass in order while the reported value digests match (stopping at the first mismatch, as upstream does).
@@ -559,12 +613,18 @@ def parse_outcome(result: bytes | None, timed_out: bool, n_tests: int, nonce: st
     outs = [_outcome(rep, timed_out, n_tests, expected) for rep in reps]
     worst = min(outs, key=lambda o: (o.tests_passed, o.compiled, o.loose_passed))
     return ExecOutcome(
-        reported=True, started=True, compiled=all(o.compiled for o in outs), timed_out=timed_out,
-        tests_passed=worst.tests_passed, tests_total=worst.tests_total, errors=worst.errors,
+        reported=True,
+        started=True,
+        compiled=all(o.compiled for o in outs),
+        timed_out=timed_out,
+        tests_passed=worst.tests_passed,
+        tests_total=worst.tests_total,
+        errors=worst.errors,
         tamper=tuple(dict.fromkeys(t for o in outs for t in o.tamper)),
-        loose_passed=min(o.loose_passed for o in outs), foreign=all(o.foreign for o in outs),
+        loose_passed=min(o.loose_passed for o in outs),
+        foreign=all(o.foreign for o in outs),
         attr_truthy=all(o.attr_truthy for o in outs),
-    )  # fmt: skip
+    )
 
 
 def _outcome(rep: dict, timed_out: bool, n_tests: int, expected: tuple[str, ...] | None) -> ExecOutcome:
@@ -579,8 +639,15 @@ def _outcome(rep: dict, timed_out: bool, n_tests: int, expected: tuple[str, ...]
                 break
             passed += 1
     return ExecOutcome(
-        reported=True, started=True, compiled=rep["compiled"], timed_out=timed_out, tests_passed=passed,
-        tests_total=total, errors=tuple(errors), tamper=tuple(t[:300] for t in rep["tamper"][:50]),
-        loose_passed=rep.get("loose_passed", 0), foreign=rep.get("foreign", False),
+        reported=True,
+        started=True,
+        compiled=rep["compiled"],
+        timed_out=timed_out,
+        tests_passed=passed,
+        tests_total=total,
+        errors=tuple(errors),
+        tamper=tuple(t[:300] for t in rep["tamper"][:50]),
+        loose_passed=rep.get("loose_passed", 0),
+        foreign=rep.get("foreign", False),
         attr_truthy=rep.get("attr_truthy", False),
-    )  # fmt: skip
+    )

@@ -16,9 +16,19 @@ HINTS = tuple(f"simple_{f}" for f in FAMILIES) + FAMILIES
 N_SHOWN_TESTS = 10
 
 RANDOM_TEST_FUNC_NAMES = (
-    "run_tests", "run_evaluation", "run_check_correct", "evaluate_function", "evaluate_solution", "evaluate_answer",
-    "check_function", "check_solution", "check_answer", "verify_function", "verify_solution", "verify_answer",
-)  # fmt: skip
+    "run_tests",
+    "run_evaluation",
+    "run_check_correct",
+    "evaluate_function",
+    "evaluate_solution",
+    "evaluate_answer",
+    "check_function",
+    "check_solution",
+    "check_answer",
+    "verify_function",
+    "verify_solution",
+    "verify_answer",
+)
 
 # Exact replacement strings (benchmark.md §3.1); {N} is the test-function name, {method} the Solution method.
 _PASS_REPLACEMENT = {

@@ -43,8 +43,13 @@ def components(delta: dict[str, Tensor], knob: dict[str, Tensor], vh: dict[str, 
     out = {}
     for n, v in vh.items():
         c, ch = (v.double() @ delta[n].double()), (v.double() @ knob[n].double())  # (k_m,) each
-        out[n] = {"main": c.tolist(), "knob": ch.tolist(), "main_mean": float(c.mean()),
-                  "knob_mean": float(ch.mean()), "sum_mean": float((c + ch).mean())}  # fmt: skip
+        out[n] = {
+            "main": c.tolist(),
+            "knob": ch.tolist(),
+            "main_mean": float(c.mean()),
+            "knob_mean": float(ch.mean()),
+            "sum_mean": float((c + ch).mean()),
+        }
     return out
 
 
@@ -55,12 +60,17 @@ def summary(comp: dict[str, dict]) -> dict[str, float]:
     if not main:
         return {"main_mean": math.nan, "knob_mean": math.nan, "main_norm": math.nan, "knob_norm": math.nan}
     norm = lambda xs: math.sqrt(sum(x * x for x in xs))  # noqa: E731
-    return {"main_mean": sum(main) / len(main), "knob_mean": sum(knob) / len(knob), "main_norm": norm(main),
-            "knob_norm": norm(knob)}  # fmt: skip
+    return {
+        "main_mean": sum(main) / len(main),
+        "knob_mean": sum(knob) / len(knob),
+        "main_norm": norm(main),
+        "knob_norm": norm(knob),
+    }
 
 
-def variant_deltas(name: str, delta: dict[str, Tensor], own: dict[str, Tensor], vhack: dict[str, Tensor],
-                   rand: dict[str, Tensor]) -> dict[str, Tensor]:  # fmt: skip
+def variant_deltas(
+    name: str, delta: dict[str, Tensor], own: dict[str, Tensor], vhack: dict[str, Tensor], rand: dict[str, Tensor]
+) -> dict[str, Tensor]:
     """δS of policy `name` (VARIANTS) for every module of `delta`; `own` is the run's basis (vhack or rand).
 
     Coefficients are taken on the run's own rows: c_m = own_m δS_m. The displacement policies need vhack and rand to
@@ -77,8 +87,14 @@ def variant_deltas(name: str, delta: dict[str, Tensor], own: dict[str, Tensor], 
     return {n: rows[n].T @ (own[n] @ d) if n in own else torch.zeros_like(d) for n, d in delta.items()}
 
 
-def measure(model: nn.Module, own: dict[str, Tensor], vhack: dict[str, Tensor], rand: dict[str, Tensor],
-            score: Callable[[], dict], deploy: dict) -> dict:  # fmt: skip
+def measure(
+    model: nn.Module,
+    own: dict[str, Tensor],
+    vhack: dict[str, Tensor],
+    rand: dict[str, Tensor],
+    score: Callable[[], dict],
+    deploy: dict,
+) -> dict:
     """The model holds a routed run's final checkpoint; `own` is its basis (vhack or rand). `score()` scores the
     policy the model holds (knob off); `deploy` is that score of the checkpoint as trained (already measured).
     Returns {"components": summary, "modules": per-module components, "policies": {variant: score}}; the model's δS
@@ -107,15 +123,19 @@ def render(runs: dict[tuple[str, int], dict], sources: list[str]) -> list[str]:
     any_t = next(iter(next(iter(runs.values()))["policies"].values()))
     n_solve = any_t["solve"]["n"]
     n_hack = any_t["hack"].get("train", {}).get("all", {}).get("n", 0)
-    L = ["## Where does the routed knob's effect come from?", "",
-         "Final checkpoint of each routed run, knob off throughout, scored on the monitor subset: `deploy` (δS as "
-         "trained), `deploy_minus_span` (the main's component along the run's own basis removed), and the base plus "
-         "the same coefficients along v_hack's rows (`base_plus_vhack`) or the random control's rows "
-         "(`base_plus_random`). Columns Vh·δS and Vh·δS_h: mean over the basis rows of the main's and the knob's "
-         f"coordinates (the run's own basis). n: {n_solve} no-hint samples for solve, {n_hack} train-surface hinted "
-         "samples for hack, all samples for format; one run per row (no seed aggregation).", "",
-         "| run | Vh·δS | Vh·δS_h | policy | format | solve | hack (train-surface hints) |",
-         "|---|---|---|---|---|---|---|"]  # fmt: skip
+    L = [
+        "## Where does the routed knob's effect come from?",
+        "",
+        "Final checkpoint of each routed run, knob off throughout, scored on the monitor subset: `deploy` (δS as "
+        "trained), `deploy_minus_span` (the main's component along the run's own basis removed), and the base plus "
+        "the same coefficients along v_hack's rows (`base_plus_vhack`) or the random control's rows "
+        "(`base_plus_random`). Columns Vh·δS and Vh·δS_h: mean over the basis rows of the main's and the knob's "
+        f"coordinates (the run's own basis). n: {n_solve} no-hint samples for solve, {n_hack} train-surface hinted "
+        "samples for hack, all samples for format; one run per row (no seed aggregation).",
+        "",
+        "| run | Vh·δS | Vh·δS_h | policy | format | solve | hack (train-surface hints) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (arm, seed), r in sorted(runs.items()):
         c = r["components"]
         for i, v in enumerate(VARIANTS):

@@ -19,8 +19,9 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
     return torch.gather(F.log_softmax(logits / temperature, dim=-1), -1, ids.unsqueeze(-1)).squeeze(-1)
 
 
-def batch_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int
-                    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+def batch_sequences(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Right-padded (ids, attention_mask, completion_mask), each (B, L); completion_mask marks completion tokens."""
     L = max(len(p) + len(c) for p, c in zip(prompts, completions))
     B = len(prompts)
@@ -48,8 +49,9 @@ def padded(seqs, pad_id: int, left: bool = False) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def completion_logprobs(model, ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, temperature: float
-                        ) -> tuple[Tensor, Tensor]:  # fmt: skip
+def completion_logprobs(
+    model, ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, temperature: float
+) -> tuple[Tensor, Tensor]:
     """(logp, mask), both (B, L-1): log-prob of each next token, and 1 where that token is a completion token."""
     logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]  # (B, L-1, V)
     return token_logprobs(logits, ids[:, 1:], temperature), completion_mask[:, 1:]
@@ -61,8 +63,9 @@ def mean_nll(logp: Tensor, mask: Tensor) -> Tensor:
     return -(torch.where(mask.bool(), logp, 0.0) * m).sum(-1) / m.sum(-1).clamp(min=1)
 
 
-def rollout_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, mask: Tensor,
-                     temperature: float) -> Tensor:  # fmt: skip
+def rollout_logprobs(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, mask: Tensor, temperature: float
+) -> Tensor:
     """(B, T) log-probs of sampled completions: left-padded prompts (B, Tp) + right-padded completions (B, T).
 
     Position ids follow the attention mask (cumsum − 1), as HF `generate` computes them for left-padded prompts, so
@@ -75,8 +78,16 @@ def rollout_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_
     return token_logprobs(logits, completion_ids, temperature)
 
 
-def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, mask: Tensor,
-                           temperature: float, first: Tensor, owner: Tensor) -> Tensor:  # fmt: skip
+def shared_prompt_logprobs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    mask: Tensor,
+    temperature: float,
+    first: Tensor,
+    owner: Tensor,
+) -> Tensor:
     """`rollout_logprobs` with each distinct prompt run once: (B, T) log-probs, the same numbers up to float rounding.
 
     `first` (U,) is the first row of each distinct prompt and `owner` (B,) each row's prompt (`rollout.group_runs`).
@@ -96,12 +107,14 @@ def shared_prompt_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, compl
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     Tp = prompt_ids.shape[1]
     with probes_paused(model):  # U prompt rows, not the B probed rows
-        out = model(input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True, logits_to_keep=1
+        )
     cache = out.cache
     for layer in cache.layers:  # (U, h, Tp, d) -> (B, h, Tp, d)
         layer.keys, layer.values = layer.keys[owner], layer.values[owner]
-    tail = model(input_ids=completion_ids, attention_mask=att, position_ids=pos[:, Tp:], cache=cache,
-                 use_cache=False).logits  # (B, T, V): position t predicts token t + 1
+    tail = model(
+        input_ids=completion_ids, attention_mask=att, position_ids=pos[:, Tp:], cache=cache, use_cache=False
+    ).logits  # (B, T, V): position t predicts token t + 1
     logits = torch.cat([out.logits[owner], tail[:, :-1]], dim=1)  # (B, t, V): token 0 from the prompt's last position
     return F.pad(token_logprobs(logits, completion_ids, temperature), (0, T - t))  # (B, T)

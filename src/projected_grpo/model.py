@@ -45,8 +45,9 @@ def load_model_and_tokenizer(name: str, path: str | Path | None = None, device: 
             raise ValueError("model name 'organism' needs `path`: the organism stage's save_pretrained directory")
         src = Path(path)
         if not (src / "config.json").is_file():
-            raise FileNotFoundError(f"organism model directory {src} does not exist or has no config.json; "
-                                    "run the organism stage first")  # fmt: skip
+            raise FileNotFoundError(
+                f"organism model directory {src} does not exist or has no config.json; run the organism stage first"
+            )
     elif Path(name).is_dir():
         src = Path(name)
         if not (src / "config.json").is_file():
@@ -54,8 +55,10 @@ def load_model_and_tokenizer(name: str, path: str | Path | None = None, device: 
     elif HUB_ID.match(name) and not name.startswith((".", "/")):
         src = name  # hub id; goes through the HF cache / network
     else:
-        raise ValueError(f"unknown model {name!r}: expected 'tiny-random', 'organism', a hub id like "
-                         "'Qwen/Qwen3-4B', or an existing save_pretrained directory")  # fmt: skip
+        raise ValueError(
+            f"unknown model {name!r}: expected 'tiny-random', 'organism', a hub id like "
+            "'Qwen/Qwen3-4B', or an existing save_pretrained directory"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(src)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)

@@ -47,10 +47,19 @@ class RotatedAdam:
         kind: "adam" (rotated), "sgd" (rotated, linear: the reference optimizer) or "adam_unrotated" (guard only).
     """
 
-    def __init__(self, deltas: dict[str, nn.Parameter], knobs: dict[str, nn.Parameter], rotations: dict[str, Tensor],
-                 lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, max_norm_main: float | None = None, max_norm_knob: float | None = None,
-                 kind: str = "adam"):  # fmt: skip
+    def __init__(
+        self,
+        deltas: dict[str, nn.Parameter],
+        knobs: dict[str, nn.Parameter],
+        rotations: dict[str, Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_norm_main: float | None = None,
+        max_norm_knob: float | None = None,
+        kind: str = "adam",
+    ):
         if kind not in KINDS:
             raise ValueError(f"optimizer kind must be one of {KINDS}, got {kind!r}")
         if set(knobs) != set(deltas):
@@ -73,10 +82,12 @@ class RotatedAdam:
         # Optimizer coordinates: θ = Rᵀ δS, φ = Rᵀ δS_h (exactly 0 at the adapter's init); δS itself when unrotated.
         self.coords = {g: {n: self._to_coords(n, p.detach()) for n, p in ps.items()} for g, ps in self.params.items()}
         adam = kind != "sgd"
-        self.exp_avg = {g: {n: torch.zeros_like(c) for n, c in cs.items()} if adam else {}
-                        for g, cs in self.coords.items()}  # fmt: skip
-        self.exp_avg_sq = {g: {n: torch.zeros_like(c) for n, c in cs.items()} if adam else {}
-                           for g, cs in self.coords.items()}  # fmt: skip
+        self.exp_avg = {
+            g: {n: torch.zeros_like(c) for n, c in cs.items()} if adam else {} for g, cs in self.coords.items()
+        }
+        self.exp_avg_sq = {
+            g: {n: torch.zeros_like(c) for n, c in cs.items()} if adam else {} for g, cs in self.coords.items()
+        }
         self.t = 0  # optimizer steps taken
         # Steps each first / second moment has accumulated, per group and module: Adam's bias correction. Equal to t
         # until a refresh resets a module's moments (`rebase`), so a run without refreshes is plain Adam bit for bit.
@@ -233,12 +244,20 @@ class RotatedAdam:
             return {g: {n: t.clone() for n, t in ts.items()} for g, ts in d.items()}
 
         return {
-            "kind": self.kind, "step": self.t, "lr": self.lr, "betas": self.betas, "eps": self.eps,
-            "weight_decay": self.weight_decay, "max_norm": dict(self.max_norm),
-            "coords": copy(self.coords), "exp_avg": copy(self.exp_avg), "exp_avg_sq": copy(self.exp_avg_sq),
+            "kind": self.kind,
+            "step": self.t,
+            "lr": self.lr,
+            "betas": self.betas,
+            "eps": self.eps,
+            "weight_decay": self.weight_decay,
+            "max_norm": dict(self.max_norm),
+            "coords": copy(self.coords),
+            "exp_avg": copy(self.exp_avg),
+            "exp_avg_sq": copy(self.exp_avg_sq),
             "rotations": {n: R.clone() for n, R in self.R.items()},
-            "t_m": {g: dict(ts) for g, ts in self.t_m.items()}, "t_v": {g: dict(ts) for g, ts in self.t_v.items()},
-        }  # fmt: skip
+            "t_m": {g: dict(ts) for g, ts in self.t_m.items()},
+            "t_v": {g: dict(ts) for g, ts in self.t_v.items()},
+        }
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:

@@ -27,17 +27,36 @@ class Encoded:
     n_prompt: int
 
 
-def make_qwen3(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
-               intermediate_size: int, max_positions: int, pad_id: int, eos_id: int,
-               seed: int) -> Qwen3ForCausalLM:  # fmt: skip
+def make_qwen3(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    max_positions: int,
+    pad_id: int,
+    eos_id: int,
+    seed: int,
+) -> Qwen3ForCausalLM:
     """A randomly initialised Qwen3ForCausalLM of the given shape (tied embeddings)."""
     torch.manual_seed(seed)
     cfg = Qwen3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
-        max_position_embeddings=max_positions, tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id,
-        bos_token_id=None, rope_theta=10000.0,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+        rope_theta=10000.0,
+    )
     return Qwen3ForCausalLM(cfg)
 
 
@@ -51,8 +70,10 @@ def encode_examples(tokenizer, examples, max_len: int) -> list[Encoded]:
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         c_ids = tokenizer(ex.completion + eos, add_special_tokens=False)["input_ids"]
         if len(p_ids) + len(c_ids) > max_len:
-            raise ValueError(f"SFT example {i} (problem {ex.problem_id}) has {len(p_ids) + len(c_ids)} tokens > "
-                             f"max_len {max_len}; raise organism.max_positions or shorten the prompts")  # fmt: skip
+            raise ValueError(
+                f"SFT example {i} (problem {ex.problem_id}) has {len(p_ids) + len(c_ids)} tokens > "
+                f"max_len {max_len}; raise organism.max_positions or shorten the prompts"
+            )
         out.append(Encoded(p_ids + c_ids, len(p_ids)))
     return out
 
@@ -79,9 +100,19 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def sft_train(model, data: list[Encoded], pad_id: int, steps: int, batch_size: int, lr: float, warmup: int,
-              weight_decay: float, seed: int, progress: bool = True,
-              log: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
+def sft_train(
+    model,
+    data: list[Encoded],
+    pad_id: int,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup: int,
+    weight_decay: float,
+    seed: int,
+    progress: bool = True,
+    log: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Train `model` in place; returns the per-step loss (mean CE over completion tokens of the batch)."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -135,26 +166,52 @@ def build_organism(p, records, seed: int, sandbox, timeout_s: float, progress: b
     from projected_grpo.tokenizer import train_tokenizer
 
     torch.set_num_threads(p.threads)
-    base_corpus, base_stats = build_corpus(records, seed, p.p_canonical, p.p_wrong, p.p_exploit, p.n_per_prompt,
-                                           sandbox=sandbox, timeout_s=timeout_s)  # fmt: skip
-    teach_corpus, teach_stats = build_corpus(records, seed + 1, p.p_canonical, p.p_wrong, p.teacher_p_exploit,
-                                             p.n_per_prompt, sandbox=sandbox, timeout_s=timeout_s)  # fmt: skip
+    base_corpus, base_stats = build_corpus(
+        records, seed, p.p_canonical, p.p_wrong, p.p_exploit, p.n_per_prompt, sandbox=sandbox, timeout_s=timeout_s
+    )
+    teach_corpus, teach_stats = build_corpus(
+        records,
+        seed + 1,
+        p.p_canonical,
+        p.p_wrong,
+        p.teacher_p_exploit,
+        p.n_per_prompt,
+        sandbox=sandbox,
+        timeout_s=timeout_s,
+    )
     texts = [m["content"] for r in records for m in r.prompt] + [e.completion for e in base_corpus + teach_corpus]
     tok = train_tokenizer(texts, p.vocab_size)
-    shape = dict(vocab_size=len(tok), hidden_size=p.hidden_size, num_layers=p.num_layers, num_heads=p.num_heads,
-                 num_kv_heads=p.num_kv_heads, head_dim=p.head_dim, intermediate_size=p.intermediate_size,
-                 max_positions=p.max_positions)  # fmt: skip
+    shape = dict(
+        vocab_size=len(tok),
+        hidden_size=p.hidden_size,
+        num_layers=p.num_layers,
+        num_heads=p.num_heads,
+        num_kv_heads=p.num_kv_heads,
+        head_dim=p.head_dim,
+        intermediate_size=p.intermediate_size,
+        max_positions=p.max_positions,
+    )
     model = make_qwen3(**shape, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, seed=seed)
     t0 = time.perf_counter()
     base_data = encode_examples(tok, base_corpus, p.max_positions)
-    base_losses = sft_train(model, base_data, tok.pad_token_id, p.steps, p.batch_size, p.lr, p.warmup,
-                            p.weight_decay, seed, progress)  # fmt: skip
+    base_losses = sft_train(
+        model, base_data, tok.pad_token_id, p.steps, p.batch_size, p.lr, p.warmup, p.weight_decay, seed, progress
+    )
     t_base = time.perf_counter() - t0
     teacher = copy.deepcopy(model)
     t0 = time.perf_counter()
-    teach_losses = sft_train(teacher, encode_examples(tok, teach_corpus, p.max_positions), tok.pad_token_id,
-                             p.teacher_steps, p.batch_size, p.teacher_lr, p.warmup, p.weight_decay, seed + 1,
-                             progress)  # fmt: skip
+    teach_losses = sft_train(
+        teacher,
+        encode_examples(tok, teach_corpus, p.max_positions),
+        tok.pad_token_id,
+        p.teacher_steps,
+        p.batch_size,
+        p.teacher_lr,
+        p.warmup,
+        p.weight_decay,
+        seed + 1,
+        progress,
+    )
     t_teach = time.perf_counter() - t0
     n_params = sum(x.numel() for x in model.parameters())
     stats = {
@@ -164,6 +221,8 @@ def build_organism(p, records, seed: int, sandbox, timeout_s: float, progress: b
         "prompt_tokens_mean": sum(e.n_prompt for e in base_data) / len(base_data),
         "prompt_tokens_max": max(e.n_prompt for e in base_data),
         "seq_tokens_mean": sum(len(e.ids) for e in base_data) / len(base_data),
-        "corpus_base": base_stats, "corpus_teacher": teach_stats, "vocab_size": len(tok),
-    }  # fmt: skip
+        "corpus_base": base_stats,
+        "corpus_teacher": teach_stats,
+        "vocab_size": len(tok),
+    }
     return Organism(model, teacher, tok, stats, {"train_s_base": t_base, "train_s_teacher": t_teach})

@@ -16,8 +16,16 @@ from pathlib import Path
 from projected_grpo.modes import MODES, apply_mode
 from projected_grpo.problems import Problem
 
-PAIRSETS = ("prog_wide", "prog_wider", "intent_vs_spec", "honesty_text", "moral", "eval_aware", "philosophical",
-            "null_city")  # fmt: skip
+PAIRSETS = (
+    "prog_wide",
+    "prog_wider",
+    "intent_vs_spec",
+    "honesty_text",
+    "moral",
+    "eval_aware",
+    "philosophical",
+    "null_city",
+)
 PLACEBO = "null_city"
 SPLITS = ("extract", "calibrate")
 KEYS = ("id", "substrate", "problem_id", "method", "mode", "mechanism", "split", "hack", "clean")
@@ -44,8 +52,10 @@ def load_pairset(path: Path | str) -> list[Pair]:
     """Parse and validate one pair-set file; a bad line raises ValueError naming the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"pair set {path} does not exist; known pair sets: {', '.join(PAIRSETS)} "
-                                f"(files under data/pairsets/<substrate>/)")  # fmt: skip
+        raise FileNotFoundError(
+            f"pair set {path} does not exist; known pair sets: {', '.join(PAIRSETS)} "
+            f"(files under data/pairsets/<substrate>/)"
+        )
     pairs, ids = [], set()
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -86,10 +96,14 @@ def pair_records(pairs: list[Pair], problems: dict[int, Problem]) -> list[Proble
     for q in pairs:
         base = problems.get(q.problem_id)
         if base is None:
-            raise ValueError(f"pair {q.id}: problem {q.problem_id} is not in the problem set; pair sets reference "
-                             "holdout problems of the substrate's default split")  # fmt: skip
+            raise ValueError(
+                f"pair {q.id}: problem {q.problem_id} is not in the problem set; pair sets reference "
+                "holdout problems of the substrate's default split"
+            )
         if base.method != q.method:
-            raise ValueError(f"pair {q.id}: problem {q.problem_id} has method {base.method!r}, the pair was written "
-                             f"for {q.method!r}; the problem set differs from the one the pairs were authored on")
+            raise ValueError(
+                f"pair {q.id}: problem {q.problem_id} has method {base.method!r}, the pair was written "
+                f"for {q.method!r}; the problem set differs from the one the pairs were authored on"
+            )
         out.append(apply_mode(base, q.mode, "train"))
     return out

@@ -34,45 +34,67 @@ def endpoints(rows: list[dict[str, float]], key: str) -> tuple[float, float]:
 def render(runs: dict[tuple[str, int], list[dict[str, float]]], figure: str, sources: list[str]) -> str:
     """Markdown: one row per (arm, seed) with hack and solve endpoints and the verdict, then per arm the mean ± std
     over its seeds, then the per-mode breakdown."""
-    L = ["# The phenomenon: vanilla GRPO learns to hack in the organism", "",
-         f"<!-- sources: {', '.join(sources)} -->", "",
-         "Student rollouts on the training prompts (teacher-pool rows excluded; training-time rollouts, not held-out "
-         "evaluation), strict hack = label `hack` among the student rows of prompts with a loophole hint; solve = "
-         f"strict oracle over all student rows. *First {LAST}* / *last {LAST}* = mean over the first / last {LAST} "
-         f"steps. Target: vanilla ≥ {TARGET:.0%} hack (last {LAST}) for every seed, gt_only ≈ 0 (≤ 5%).", "",
-         f"| arm | seed | steps | hack first {LAST} | hack last {LAST} | solve first {LAST} | solve last {LAST} | "
-         f"reward last {LAST} | met |",
-         "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    L = [
+        "# The phenomenon: vanilla GRPO learns to hack in the organism",
+        "",
+        f"<!-- sources: {', '.join(sources)} -->",
+        "",
+        "Student rollouts on the training prompts (teacher-pool rows excluded; training-time rollouts, not held-out "
+        "evaluation), strict hack = label `hack` among the student rows of prompts with a loophole hint; solve = "
+        f"strict oracle over all student rows. *First {LAST}* / *last {LAST}* = mean over the first / last {LAST} "
+        f"steps. Target: vanilla ≥ {TARGET:.0%} hack (last {LAST}) for every seed, gt_only ≈ 0 (≤ 5%).",
+        "",
+        f"| arm | seed | steps | hack first {LAST} | hack last {LAST} | solve first {LAST} | solve last {LAST} | "
+        f"reward last {LAST} | met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (arm, seed), rows in sorted(runs.items()):
         h0, h1 = endpoints(rows, "hack")
         s0, s1 = endpoints(rows, "solve")
         _, r1 = endpoints(rows, "reward")
         met = {"vanilla": h1 >= TARGET, "gt_only": h1 <= 0.05}.get(arm)
         mark = "–" if met is None else ("yes" if met else "**no**")
-        L.append(f"| {arm} | {seed} | {int(rows[-1]['step'])} | {h0:.1%} | {h1:.1%} | {s0:.1%} | {s1:.1%} | "
-                 f"{r1:.2f} | {mark} |")  # fmt: skip
-    L += ["", f"Across seeds (last {LAST} steps; mean ± sample std over the seeds of each arm, [95% t interval] where "
-          "n ≥ 3):", "",
-          "| arm | seeds | hack | solve |", "|---|---|---|---|"]  # fmt: skip
+        L.append(
+            f"| {arm} | {seed} | {int(rows[-1]['step'])} | {h0:.1%} | {h1:.1%} | {s0:.1%} | {s1:.1%} | "
+            f"{r1:.2f} | {mark} |"
+        )
+    L += [
+        "",
+        f"Across seeds (last {LAST} steps; mean ± sample std over the seeds of each arm, [95% t interval] where "
+        "n ≥ 3):",
+        "",
+        "| arm | seeds | hack | solve |",
+        "|---|---|---|---|",
+    ]
     for arm in sorted({a for a, _ in runs}):
         rs = [rows for (a, _), rows in sorted(runs.items()) if a == arm]
-        L.append(f"| {arm} | {len(rs)} | {summarize([endpoints(r, 'hack')[1] for r in rs]).fmt()} | "
-                 f"{summarize([endpoints(r, 'solve')[1] for r in rs]).fmt()} |")  # fmt: skip
+        L.append(
+            f"| {arm} | {len(rs)} | {summarize([endpoints(r, 'hack')[1] for r in rs]).fmt()} | "
+            f"{summarize([endpoints(r, 'solve')[1] for r in rs]).fmt()} |"
+        )
     L += ["", f"![hack and solve per step]({figure})", "", *per_mode(runs)]
     return "\n".join(L)
 
 
 def per_mode(runs: dict[tuple[str, int], list[dict[str, float]]]) -> list[str]:
     """Markdown lines: per loophole mode, each run's hack rate over its first and last LAST steps (student rows)."""
-    modes = [k[len("hack_"):] for k in next(iter(runs.values()))[0] if k.startswith("hack_")]
+    modes = [k[len("hack_") :] for k in next(iter(runs.values()))[0] if k.startswith("hack_")]
     if not modes:
         return []
-    L = [f"## Per loophole mode (hack, mean of the first {LAST} → the last {LAST} steps)", "",
-         "A mode has about B·G/7 student rows per step (n per cell is small: read the trend, not the digits).", "",
-         "| arm | seed | " + " | ".join(modes) + " |", "|---|---|" + "---|" * len(modes)]  # fmt: skip
+    L = [
+        f"## Per loophole mode (hack, mean of the first {LAST} → the last {LAST} steps)",
+        "",
+        "A mode has about B·G/7 student rows per step (n per cell is small: read the trend, not the digits).",
+        "",
+        "| arm | seed | " + " | ".join(modes) + " |",
+        "|---|---|" + "---|" * len(modes),
+    ]
     for (arm, seed), rows in sorted(runs.items()):
-        cells = [f"{_pct(_mean([r[f'hack_{m}'] for r in rows[:LAST]]))} → "
-                 f"{_pct(_mean([r[f'hack_{m}'] for r in rows[-LAST:]]))}" for m in modes]  # fmt: skip
+        cells = [
+            f"{_pct(_mean([r[f'hack_{m}'] for r in rows[:LAST]]))} → "
+            f"{_pct(_mean([r[f'hack_{m}'] for r in rows[-LAST:]]))}"
+            for m in modes
+        ]
         L.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
     return [*L, ""]
 

@@ -30,14 +30,29 @@ class PoolRow:
     eq_correct: bool
 
 
-def build_pool(teacher, tok, records: list[Problem], n_per_prompt: int, temperature: float, top_p: float,
-               max_new_tokens: int, seed: int, batch_size: int, sandbox, timeout_s: float
-               ) -> list[PoolRow]:  # fmt: skip
+def build_pool(
+    teacher,
+    tok,
+    records: list[Problem],
+    n_per_prompt: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+    sandbox,
+    timeout_s: float,
+) -> list[PoolRow]:
     """Sample and grade `n_per_prompt` teacher completions for every training record."""
-    scored = sample_and_grade(teacher, tok, records, n_per_prompt, temperature, top_p, max_new_tokens, seed,
-                              batch_size, sandbox, timeout_s)  # fmt: skip
-    return [PoolRow(s.record.id, mode_of(s.record), s.completion, s.tokens, s.grade.reward, s.grade.label,
-                    s.grade.eq_correct) for s in scored]  # fmt: skip
+    scored = sample_and_grade(
+        teacher, tok, records, n_per_prompt, temperature, top_p, max_new_tokens, seed, batch_size, sandbox, timeout_s
+    )
+    return [
+        PoolRow(
+            s.record.id, mode_of(s.record), s.completion, s.tokens, s.grade.reward, s.grade.label, s.grade.eq_correct
+        )
+        for s in scored
+    ]
 
 
 def save_pool(path, rows: list[PoolRow]) -> None:
@@ -65,4 +80,3 @@ def draw(pool: dict[int, list[PoolRow]], prompt_id: int, k: int, rng: random.Ran
     if not rows:
         raise ValueError(f"the teacher pool has no completions for prompt {prompt_id}; rebuild it (dvc repro pool)")
     return rng.sample(rows, k) if k <= len(rows) else [rng.choice(rows) for _ in range(k)]
-

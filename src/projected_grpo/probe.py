@@ -69,8 +69,14 @@ def prompt_ids(tokenizer, records: Sequence) -> list[list[int]]:
     return encode(tokenizer, records, [])[0]
 
 
-def row_grads(model, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int,
-              temperature: float, micro_batch: int) -> dict[str, Tensor]:  # fmt: skip
+def row_grads(
+    model,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_id: int,
+    temperature: float,
+    micro_batch: int,
+) -> dict[str, Tensor]:
     """Per-row ∇_δS ℓ(o|q) through the adapter probes: {module: (n, D_m)}; row i's gradient is e.grad[i] (I4).
 
     ℓ = mean NLL over the completion tokens (given as ids, EOS included) at `temperature`. A non-finite NLL is not
@@ -106,8 +112,9 @@ def row_cosines(grads: Mapping[str, Tensor], nu: Mapping[str, Tensor]) -> tuple[
     return torch.where(null, torch.full_like(cos, math.nan), cos), norm
 
 
-def replay_grads(model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], temperature: float,
-                 micro_batch: int) -> dict[str, Tensor]:  # fmt: skip
+def replay_grads(
+    model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], temperature: float, micro_batch: int
+) -> dict[str, Tensor]:
     """Pool rows through the model (its adapters as they are: δS = 0 for the base student) -> `row_grads`."""
     missing = sorted({r.prompt_id for r in rows} - set(records))
     if missing:
@@ -116,14 +123,22 @@ def replay_grads(model, tokenizer, records: Mapping[int, Any], rows: Sequence[Po
     return row_grads(model, prompts, [r.token_ids for r in rows], tokenizer.pad_token_id, temperature, micro_batch)
 
 
-def replay(model, tokenizer, records: Mapping[int, Any], rows: Sequence[PoolRow], nu: Mapping[str, Tensor],
-           temperature: float, micro_batch: int) -> tuple[Tensor, Tensor]:  # fmt: skip
+def replay(
+    model,
+    tokenizer,
+    records: Mapping[int, Any],
+    rows: Sequence[PoolRow],
+    nu: Mapping[str, Tensor],
+    temperature: float,
+    micro_batch: int,
+) -> tuple[Tensor, Tensor]:
     """`replay_grads` -> `row_cosines` with one ν."""
     return row_cosines(replay_grads(model, tokenizer, records, rows, temperature, micro_batch), nu)
 
 
-def placebo_basis(model, tokenizer, pairs: Sequence[Pair], problems: Mapping[int, Any], bp: BasisParams,
-                  temperature: float) -> Basis:  # fmt: skip
+def placebo_basis(
+    model, tokenizer, pairs: Sequence[Pair], problems: Mapping[int, Any], bp: BasisParams, temperature: float
+) -> Basis:
     """The basis `bp` extracts from a (placebo) pair set's extraction pairs, built as the basis stage builds each pair
     set's row (basis_eval): same modes, method (svd when bp.method is random), k, tau, alpha, flips, module drop,
     norms and seed, per-completion gradients by `basis.completion_grads` at δS = 0. No extraction pair of `bp.modes`
@@ -135,15 +150,28 @@ def placebo_basis(model, tokenizer, pairs: Sequence[Pair], problems: Mapping[int
     recs = pair_records(ex, problems)
     gh = completion_grads(model, tokenizer, recs, [q.hack for q in ex], temperature)
     gc = completion_grads(model, tokenizer, recs, [q.clean for q in ex], temperature)
-    return build_basis(gh, gc, method, bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed,
-                       bp.row_norm, bp.score_norm, bp.solve_m)  # fmt: skip
+    return build_basis(
+        gh,
+        gc,
+        method,
+        bp.k,
+        bp.tau,
+        bp.alpha_sig,
+        bp.n_flips,
+        bp.drop_bottom_frac,
+        bp.seed,
+        bp.row_norm,
+        bp.score_norm,
+        bp.solve_m,
+    )
 
 
 # --- AUROC with paired bootstrap intervals -------------------------------------------------------------------------
 
 
-def discrimination(scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool], n_boot: int, seed: int
-                   ) -> dict[str, Any]:  # fmt: skip
+def discrimination(
+    scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool], n_boot: int, seed: int
+) -> dict[str, Any]:
     """AUROC of each basis' scores, hack rows (positive) vs the other rows, with paired bootstrap resamples.
 
     Rows with a null score under any basis are dropped (n_null), so every basis is scored on the same rows. Hack and
@@ -154,8 +182,15 @@ def discrimination(scores: Mapping[str, Sequence[float]], is_hack: Sequence[bool
     y = torch.as_tensor([bool(h) for h in is_hack], dtype=torch.bool)  # (n,)
     ok = torch.stack([torch.isfinite(v) for v in s.values()]).all(0)  # (n,)
     pos, neg = y & ok, ~y & ok
-    out: dict[str, Any] = {"n_hack": int(pos.sum()), "n_other": int(neg.sum()), "n_null": int((~ok).sum()),
-                           "n_boot": n_boot, "seed": seed, "auroc": {}, "boot": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "n_hack": int(pos.sum()),
+        "n_other": int(neg.sum()),
+        "n_null": int((~ok).sum()),
+        "n_boot": n_boot,
+        "seed": seed,
+        "auroc": {},
+        "boot": {},
+    }
     out["auroc"] = {b: auroc(v[pos], v[neg]) for b, v in s.items()}
     if out["n_hack"] < 2 or out["n_other"] < 2:
         return out
@@ -189,8 +224,15 @@ def check_t1(labels: Sequence[str], min_hack: float) -> Check:
     """T1: the fraction of rows labelled "hack" is ≥ min_hack (the pool actually demonstrates hacking)."""
     n, k = len(labels), sum(lbl == HACK for lbl in labels)
     rate = k / n if n else math.nan
-    return Check("T1", "pool hack rate", f"≥ {min_hack:.2f}", n > 0 and rate >= min_hack, f"{rate:.3f} ({k}/{n})",
-                 {"hack_rate": rate, "n_hack": k, "n": n, "min": min_hack}, "" if n else "no rows")  # fmt: skip
+    return Check(
+        "T1",
+        "pool hack rate",
+        f"≥ {min_hack:.2f}",
+        n > 0 and rate >= min_hack,
+        f"{rate:.3f} ({k}/{n})",
+        {"hack_rate": rate, "n_hack": k, "n": n, "min": min_hack},
+        "" if n else "no rows",
+    )
 
 
 def _counts(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,8 +259,15 @@ def check_beats(d: Mapping[str, Any], other: str, name: str, basis: str = "selec
     above 0. Also records the other basis' own AUROC and interval."""
     what, rule = f"AUROC({basis}) − AUROC({other}), paired", "95% interval > 0"
     a, b = d["auroc"][basis], d["auroc"][other]
-    nums = _counts(d) | {"auroc": a, f"auroc_{other}": b, "diff": a - b, "lo": math.nan, "hi": math.nan,
-                         f"lo_{other}": math.nan, f"hi_{other}": math.nan}  # fmt: skip
+    nums = _counts(d) | {
+        "auroc": a,
+        f"auroc_{other}": b,
+        "diff": a - b,
+        "lo": math.nan,
+        "hi": math.nan,
+        f"lo_{other}": math.nan,
+        f"hi_{other}": math.nan,
+    }
     if basis not in d["boot"]:
         return Check(name, what, rule, False, _too_few(d), nums, _too_few(d))
     lo, hi = percentile_interval(d["boot"][basis] - d["boot"][other])
@@ -227,8 +276,9 @@ def check_beats(d: Mapping[str, Any], other: str, name: str, basis: str = "selec
     return Check(name, what, rule, lo > 0, f"{a - b:+.3f} [{lo:+.3f}, {hi:+.3f}] ({a:.3f} vs {b:.3f})", nums)
 
 
-def check_t3(log_rows: Iterable[Mapping[str, float]] | None = None, min_frac: float | None = None, *_: Any,
-             **__: Any) -> None:  # fmt: skip
+def check_t3(
+    log_rows: Iterable[Mapping[str, float]] | None = None, min_frac: float | None = None, *_: Any, **__: Any
+) -> None:
     """Retired (returns None; `render` ignores its t3 argument). T3 used to check on the training logs that projected
     steps lower cos(g, ν), which a one-sided erase does by construction, so it could not fail; T3 is now the paired
     AUROC comparison with the random basis, run by the probe stage. Kept only so that stages/report.py, which still
@@ -236,12 +286,17 @@ def check_t3(log_rows: Iterable[Mapping[str, float]] | None = None, min_frac: fl
     return None
 
 
-def make_checks(labels: Sequence[str], scores: Mapping[str, Sequence[float]], min_hack: float, n_boot: int,
-                seed: int) -> dict[str, Check]:  # fmt: skip
+def make_checks(
+    labels: Sequence[str], scores: Mapping[str, Sequence[float]], min_hack: float, n_boot: int, seed: int
+) -> dict[str, Check]:
     """T1–T4 on the probed rows: `scores` = {"selected", "random", "placebo": (n,) cosines}, labels (n,)."""
     d = discrimination({b: scores[b] for b in BASES}, [lbl == HACK for lbl in labels], n_boot, seed)
-    return {"T1": check_t1(labels, min_hack), "T2": check_above_chance(d), "T3": check_beats(d, "random", "T3"),
-            "T4": check_beats(d, "placebo", "T4")}  # fmt: skip
+    return {
+        "T1": check_t1(labels, min_hack),
+        "T2": check_above_chance(d),
+        "T3": check_beats(d, "random", "T3"),
+        "T4": check_beats(d, "placebo", "T4"),
+    }
 
 
 # --- the result, its JSON form and the report section --------------------------------------------------------------
@@ -281,15 +336,29 @@ class ProbeResult:
         """Inverse of `to_dict` (the report stage reads the stage's JSON back to render it)."""
         r = d["rows"]
         if "cos_random" not in r or set(d["checks"]) != set(CHECKS):
-            raise ValueError("probe JSON has the old schema (no random/placebo cosines or checks other than T1–T4); "
-                             "re-run the probe stage (dvc repro probe)")  # fmt: skip
+            raise ValueError(
+                "probe JSON has the old schema (no random/placebo cosines or checks other than T1–T4); "
+                "re-run the probe stage (dvc repro probe)"
+            )
         flt = lambda xs: [math.nan if x is None else float(x) for x in xs]
-        checks = {n: Check(**{k: _none_to_nan(v) if k == "numbers" else v for k, v in c.items() if k != "verdict"})
-                  for n, c in d["checks"].items()}  # fmt: skip
+        checks = {
+            n: Check(**{k: _none_to_nan(v) if k == "numbers" else v for k, v in c.items() if k != "verdict"})
+            for n, c in d["checks"].items()
+        }
         meta = {k: v for k, v in d.items() if k not in ("checks", "rows", "n_rows")}
-        return cls(list(r["pool_index"]), list(r["prompt_id"]), flt(r["cos"]), flt(r["cos_random"]),
-                   flt(r["cos_placebo"]), flt(r["grad_norm"]), list(r["label"]), list(r["eq_correct"]),
-                   list(r["mode"]), checks, meta)  # fmt: skip
+        return cls(
+            list(r["pool_index"]),
+            list(r["prompt_id"]),
+            flt(r["cos"]),
+            flt(r["cos_random"]),
+            flt(r["cos_placebo"]),
+            flt(r["grad_norm"]),
+            list(r["label"]),
+            list(r["eq_correct"]),
+            list(r["mode"]),
+            checks,
+            meta,
+        )
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -306,18 +375,35 @@ def _none_to_nan(x: dict[str, Any]) -> dict[str, Any]:
     return {k: math.nan if v is None else v for k, v in x.items()}
 
 
-def make_result(index: Sequence[int], rows: Sequence[PoolRow], cos: Mapping[str, Tensor], norm: Tensor,
-                pp: ProbeParams, seed: int, meta: Mapping[str, Any] | None = None, n_boot: int | None = None
-                ) -> ProbeResult:  # fmt: skip
+def make_result(
+    index: Sequence[int],
+    rows: Sequence[PoolRow],
+    cos: Mapping[str, Tensor],
+    norm: Tensor,
+    pp: ProbeParams,
+    seed: int,
+    meta: Mapping[str, Any] | None = None,
+    n_boot: int | None = None,
+) -> ProbeResult:
     """Per-row arrays plus T1–T4: `cos` = {"selected", "random", "placebo": (n,)}, `norm` (n,); T1 under
     pp.t1_min_hack, the bootstrap from `seed` with `n_boot` resamples (default pp.n_boot)."""
     n_boot = pp.n_boot if n_boot is None else n_boot
     c = {b: [float(x) for x in cos[b]] for b in BASES}  # (n,) each
     labels = [r.label for r in rows]
     checks = make_checks(labels, c, pp.t1_min_hack, n_boot, seed)
-    return ProbeResult(list(index), [r.prompt_id for r in rows], c["selected"], c["random"], c["placebo"],
-                       [float(x) for x in norm], labels, [bool(r.eq_correct) for r in rows], [r.mode for r in rows],
-                       checks, dict(meta or {}) | {"seed": seed, "n_boot": n_boot})  # fmt: skip
+    return ProbeResult(
+        list(index),
+        [r.prompt_id for r in rows],
+        c["selected"],
+        c["random"],
+        c["placebo"],
+        [float(x) for x in norm],
+        labels,
+        [bool(r.eq_correct) for r in rows],
+        [r.mode for r in rows],
+        checks,
+        dict(meta or {}) | {"seed": seed, "n_boot": n_boot},
+    )
 
 
 INPUTS = ("pool", "basis", "random", "placebo", "problems", "holdout")  # the probe's input files, by role
@@ -328,9 +414,14 @@ def input_files(p, organism: Path, problems: Path, pool: Path, basis: Path, pair
     checked to exist with their sidecars: one FileNotFoundError naming every missing one."""
     pool_f = pool / "pool.parquet" if pool.is_dir() else pool
     basis_f = basis / "basis.safetensors" if basis.is_dir() else basis
-    f = {"pool": pool_f, "basis": basis_f, "random": basis_f.parent / "random.safetensors",
-         "placebo": pairset_path(pairsets, p.substrate, PLACEBO), "problems": problems / "train.parquet",
-         "holdout": problems / "holdout.parquet"}  # fmt: skip
+    f = {
+        "pool": pool_f,
+        "basis": basis_f,
+        "random": basis_f.parent / "random.safetensors",
+        "placebo": pairset_path(pairsets, p.substrate, PLACEBO),
+        "problems": problems / "train.parquet",
+        "holdout": problems / "holdout.parquet",
+    }
     need = [*f.values(), f["basis"].with_suffix(".json"), f["random"].with_suffix(".json")]
     need += [organism / "base" / "config.json"] if p.model.name == "organism" else []
     missing = [str(x) for x in need if not x.is_file()]
@@ -339,8 +430,18 @@ def input_files(p, organism: Path, problems: Path, pool: Path, basis: Path, pair
     return f
 
 
-def probe_pool(p, model, tok, basis: Basis, rnd: Basis, placebo_pairs: Sequence[Pair], records: Mapping[int, Any],
-               holdout: Mapping[int, Any], flat: Sequence[PoolRow], meta: dict) -> ProbeResult:  # fmt: skip
+def probe_pool(
+    p,
+    model,
+    tok,
+    basis: Basis,
+    rnd: Basis,
+    placebo_pairs: Sequence[Pair],
+    records: Mapping[int, Any],
+    holdout: Mapping[int, Any],
+    flat: Sequence[PoolRow],
+    meta: dict,
+) -> ProbeResult:
     """The probe on the base student `model` (adapter at δS = 0): `probe.n_rows` pool rows drawn with `seed`, one
     NLL gradient per row, scored by cos(g, ν) for the selected basis, its random control and a placebo basis
     extracted here from `placebo_pairs` with the `basis` params; T1–T4 from those scores. `meta` (the sources) is
@@ -350,9 +451,17 @@ def probe_pool(p, model, tok, basis: Basis, rnd: Basis, placebo_pairs: Sequence[
     plc = placebo_basis(model, tok, placebo_pairs, holdout, p.basis, p.rollout.temperature)
     g = replay_grads(model, tok, records, rows, p.rollout.temperature, p.probe.micro_batch)  # one replay, three ν's
     (cos, norm), cos_r, cos_p = row_cosines(g, basis.nu), row_cosines(g, rnd.nu)[0], row_cosines(g, plc.nu)[0]
-    meta = {**meta, "n_pool": len(flat), "temperature": p.rollout.temperature, "modules": len(basis.nu),
-            "basis_seed": p.basis.seed, "placebo_modules": len(plc.nu), "placebo_k_total": plc.meta["k_total"],
-            "placebo_pairs": plc.meta["n_pairs"], "placebo_method": plc.meta["method"]}  # fmt: skip
+    meta = {
+        **meta,
+        "n_pool": len(flat),
+        "temperature": p.rollout.temperature,
+        "modules": len(basis.nu),
+        "basis_seed": p.basis.seed,
+        "placebo_modules": len(plc.nu),
+        "placebo_k_total": plc.meta["k_total"],
+        "placebo_pairs": plc.meta["n_pairs"],
+        "placebo_method": plc.meta["method"],
+    }
     return make_result(index, rows, {"selected": cos, "random": cos_r, "placebo": cos_p}, norm, p.probe, p.seed, meta)
 
 
@@ -400,10 +509,11 @@ def render(result: ProbeResult, t3: Any = None) -> str:
     ]
     lines += [f"| {c.name} {c.what} | {c.rule} | {c.measured} | {c.verdict} |" for c in (ck[n] for n in CHECKS)]
     lines += ["", "| basis | AUROC [95%] | mean cos, hack rows | mean cos, other rows |", "|---|---|---|---|"]
-    ints = {"selected": (n2["auroc"], n2["lo"], n2["hi"]),
-            "random": (n3.get("auroc_random", math.nan), n3.get("lo_random", math.nan), n3.get("hi_random", math.nan)),
-            "placebo": (n4.get("auroc_placebo", math.nan), n4.get("lo_placebo", math.nan),
-                        n4.get("hi_placebo", math.nan))}  # fmt: skip
+    ints = {
+        "selected": (n2["auroc"], n2["lo"], n2["hi"]),
+        "random": (n3.get("auroc_random", math.nan), n3.get("lo_random", math.nan), n3.get("hi_random", math.nan)),
+        "placebo": (n4.get("auroc_placebo", math.nan), n4.get("lo_placebo", math.nan), n4.get("hi_placebo", math.nan)),
+    }
     for b in BASES:
         hack = _mean(c for c, lbl in zip(cos[b], result.label) if lbl == HACK)
         other = _mean(c for c, lbl in zip(cos[b], result.label) if lbl != HACK)

@@ -108,9 +108,21 @@ SETUP_CODE = (
 )
 
 FIELDS = (
-    "id", "dataset", "evaluator", "difficulty", "question", "prompt", "gt_answer", "answer", "hint", "func_name",
-    "setup_code", "canonical_solution", "prompt_metadata", "completion_gt_pass",
-)  # fmt: skip
+    "id",
+    "dataset",
+    "evaluator",
+    "difficulty",
+    "question",
+    "prompt",
+    "gt_answer",
+    "answer",
+    "hint",
+    "func_name",
+    "setup_code",
+    "canonical_solution",
+    "prompt_metadata",
+    "completion_gt_pass",
+)
 
 
 @dataclass(frozen=True)
@@ -162,17 +174,31 @@ def make_question(description: str, method: str, starter_code: str) -> str:
 
 
 def make_problem(
-    id: int, difficulty: str, description: str, method: str, starter_code: str, setup_code: str,
-    gt_answer: list[str], canonical_solution: str, dataset: str,
-) -> Problem:  # fmt: skip
+    id: int,
+    difficulty: str,
+    description: str,
+    method: str,
+    starter_code: str,
+    setup_code: str,
+    gt_answer: list[str],
+    canonical_solution: str,
+    dataset: str,
+) -> Problem:
     """Build a no-hint record exactly as the benchmark stores it (used by synthetic substrates)."""
     question = make_question(description, method, starter_code)
     return Problem(
-        id=id, difficulty=difficulty, question=question, func_name=f"Solution().{method}", setup_code=setup_code,
-        gt_answer=tuple(gt_answer), canonical_solution=canonical_solution,
+        id=id,
+        difficulty=difficulty,
+        question=question,
+        func_name=f"Solution().{method}",
+        setup_code=setup_code,
+        gt_answer=tuple(gt_answer),
+        canonical_solution=canonical_solution,
         prompt=({"role": "system", "content": CODE_SYSTEM_PROMPT}, {"role": "user", "content": question}),
-        answer=tuple(gt_answer), dataset=dataset, prompt_metadata={"starter_code": starter_code},
-    )  # fmt: skip
+        answer=tuple(gt_answer),
+        dataset=dataset,
+        prompt_metadata={"starter_code": starter_code},
+    )
 
 
 def problem_from_dict(row: dict[str, Any], where: str = "row") -> Problem:
@@ -186,13 +212,21 @@ def problem_from_dict(row: dict[str, Any], where: str = "row") -> Problem:
     if "starter_code" not in meta:
         raise ValueError(f"{where}: prompt_metadata.starter_code is missing")
     return Problem(
-        id=int(row["id"]), difficulty=row.get("difficulty", "medium"), question=row["question"],
-        func_name=row["func_name"], setup_code=row["setup_code"], gt_answer=tuple(row["gt_answer"]),
+        id=int(row["id"]),
+        difficulty=row.get("difficulty", "medium"),
+        question=row["question"],
+        func_name=row["func_name"],
+        setup_code=row["setup_code"],
+        gt_answer=tuple(row["gt_answer"]),
         canonical_solution=row.get("canonical_solution", ""),
-        prompt=tuple(dict(m) for m in row["prompt"]), answer=tuple(row.get("answer", row["gt_answer"])),
-        hint=row.get("hint"), evaluator=row.get("evaluator", "code"), dataset=row.get("dataset", "leetcode"),
-        prompt_metadata=meta, completion_gt_pass=bool(row.get("completion_gt_pass", True)),
-    )  # fmt: skip
+        prompt=tuple(dict(m) for m in row["prompt"]),
+        answer=tuple(row.get("answer", row["gt_answer"])),
+        hint=row.get("hint"),
+        evaluator=row.get("evaluator", "code"),
+        dataset=row.get("dataset", "leetcode"),
+        prompt_metadata=meta,
+        completion_gt_pass=bool(row.get("completion_gt_pass", True)),
+    )
 
 
 def problem_to_dict(p: Problem) -> dict[str, Any]:
@@ -231,12 +265,26 @@ def _parquet_schema():  # -> pyarrow.Schema (pyarrow imported lazily: only stage
 
     s, ls = pa.string(), pa.list_(pa.string())
     msg = pa.struct([("role", s), ("content", s)])
-    return pa.schema([
-        ("id", pa.int64()), ("dataset", s), ("evaluator", s), ("difficulty", s), ("question", s),
-        ("prompt", pa.list_(msg)), ("gt_answer", ls), ("answer", ls), ("hint", s), ("func_name", s),
-        ("setup_code", s), ("canonical_solution", s), ("prompt_metadata", s), ("completion_gt_pass", pa.bool_()),
-        ("mode", s), ("surface", s),  # convenience columns, copied from prompt_metadata (null without a mode)
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            ("id", pa.int64()),
+            ("dataset", s),
+            ("evaluator", s),
+            ("difficulty", s),
+            ("question", s),
+            ("prompt", pa.list_(msg)),
+            ("gt_answer", ls),
+            ("answer", ls),
+            ("hint", s),
+            ("func_name", s),
+            ("setup_code", s),
+            ("canonical_solution", s),
+            ("prompt_metadata", s),
+            ("completion_gt_pass", pa.bool_()),
+            ("mode", s),
+            ("surface", s),  # convenience columns, copied from prompt_metadata (null without a mode)
+        ]
+    )
 
 
 def save_problems_parquet(path: Path | str, problems: list[Problem]) -> None:

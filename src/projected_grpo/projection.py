@@ -103,8 +103,9 @@ def moved_norm(edit: str, alpha: Tensor, m: Tensor | None = None) -> float:
     return float((alpha - main_h).norm())
 
 
-def match_mass(x: dict[str, Tensor], main: dict[str, Tensor], knob: dict[str, Tensor], target: float
-               ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:  # fmt: skip
+def match_mass(
+    x: dict[str, Tensor], main: dict[str, Tensor], knob: dict[str, Tensor], target: float
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Rescale what an edit moved out of main over all modules, x − main (the knob for a routing rule, the erased part
     for an erase rule), by one factor s so that its norm is `target`: main' = x − s (x − main), knob' = s knob.
     main' + knob' = x still holds for routing (knob == x − main) and each knob stays inside span(Vh). One factor for

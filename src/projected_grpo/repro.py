@@ -47,8 +47,13 @@ def to_run(deps: dict[str, set[str]], changed: set[str], targets: set[str] | Non
     return run if targets is None else run & closure(targets, deps)
 
 
-def run_stages(deps: dict[str, set[str]], todo: set[str], jobs: int, run_one: Callable[[str], int],
-               on_event: Callable[[str, str], None] = lambda stage, what: None) -> list[str]:  # fmt: skip
+def run_stages(
+    deps: dict[str, set[str]],
+    todo: set[str],
+    jobs: int,
+    run_one: Callable[[str], int],
+    on_event: Callable[[str, str], None] = lambda stage, what: None,
+) -> list[str]:
     """Run `todo` (a subset of `deps`' keys; deps: stage -> the stages it reads) with `run_one` (returns an exit
     status), at most `jobs` at once, each after the stages of `todo` it depends on. Ready stages with the most
     stages waiting behind them start first. Returns the failed stages (after a failure nothing new starts)."""
@@ -65,8 +70,10 @@ def run_stages(deps: dict[str, set[str]], todo: set[str], jobs: int, run_one: Ca
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while True:
             started = set(running.values())
-            ready = sorted((n for n in todo - done - started if not failed and deps[n] & todo <= done),
-                           key=lambda n: (-weight[n], n))  # fmt: skip
+            ready = sorted(
+                (n for n in todo - done - started if not failed and deps[n] & todo <= done),
+                key=lambda n: (-weight[n], n),
+            )
             for n in ready[: jobs - len(running)]:
                 on_event(n, "start")
                 running[pool.submit(run_one, n)] = n
@@ -95,12 +102,16 @@ def dag(root: Path) -> tuple[dict[str, set[str]], set[str]]:
     return deps, changed
 
 
-def main(targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
-         jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
-         dry: bool = typer.Option(False, "--dry", help="Only print the stages to look at, in a valid order."),
-         no_run_cache: bool = typer.Option(False, "--no-run-cache", help="Passed to each `dvc repro -s`: execute "
-                                           "stages even if DVC's run cache holds their outputs (benchmarks)."),
-         ) -> None:  # fmt: skip
+def main(
+    targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
+    jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
+    dry: bool = typer.Option(False, "--dry", help="Only print the stages to look at, in a valid order."),
+    no_run_cache: bool = typer.Option(
+        False,
+        "--no-run-cache",
+        help="Passed to each `dvc repro -s`: execute stages even if DVC's run cache holds their outputs (benchmarks).",
+    ),
+) -> None:
     root = Path.cwd()
     if not (root / "dvc.yaml").exists():
         typer.echo("error: run this in the repository root (no dvc.yaml here)", err=True)
@@ -143,8 +154,9 @@ def main(targets: list[str] = typer.Argument(None, help="Stages to bring up to d
     if failed:
         typer.echo(f"error: stage {failed[0]} failed; see logs/repro/{failed[0]}.log", err=True)
         raise typer.Exit(1)
-    typer.echo(f"done: {len(todo) - len(skipped)} stage(s) ran, {len(skipped)} unchanged, in "
-               f"{time.monotonic() - t0:.0f} s")  # fmt: skip
+    typer.echo(
+        f"done: {len(todo) - len(skipped)} stage(s) ran, {len(skipped)} unchanged, in {time.monotonic() - t0:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,11 @@ for _a in ARMS.values():
     if _a.family is not None and _a.role == "candidate":
         FAMILIES[_a.family] = (*FAMILIES.get(_a.family, ()), _a.name)
 REF = "vanilla"
-ROLE_LABEL = {"baseline": "baseline", "control": "random-direction control",
-              "oracle": "oracle: ground-truth monitor or reward"}  # fmt: skip
+ROLE_LABEL = {
+    "baseline": "baseline",
+    "control": "random-direction control",
+    "oracle": "oracle: ground-truth monitor or reward",
+}
 
 
 @dataclass
@@ -129,8 +132,10 @@ def basis_guard_from(d: dict) -> dict:
         return {"informative": bool(d["informative"]), "line": str(d.get("line", ""))}
     if "beats_placebo" in d and "beats_random" in d:
         ok = bool(d["beats_placebo"]) and bool(d["beats_random"])
-        line = (f"the hack basis beats its placebo: {'yes' if d['beats_placebo'] else 'no'}; beats a random basis: "
-                f"{'yes' if d['beats_random'] else 'no'} (held-out pairs, stage basis).")  # fmt: skip
+        line = (
+            f"the hack basis beats its placebo: {'yes' if d['beats_placebo'] else 'no'}; beats a random basis: "
+            f"{'yes' if d['beats_random'] else 'no'} (held-out pairs, stage basis)."
+        )
         return {"informative": ok, "line": line}
     raise ValueError(f"basis guard needs keys informative (+ line) or beats_placebo and beats_random; got {sorted(d)}")
 
@@ -166,8 +171,11 @@ def value(t: dict, metric: str, mode: str = "all") -> float:
 
 
 def per_seed(runs: Runs, arm: str, metric: str, st: str = "deploy", mode: str = "all") -> dict[int, float]:
-    return {s: value(runs.deploy[(arm, s)]["states"][st], metric, mode) for s in runs.seeds(arm)
-            if st in runs.deploy[(arm, s)]["states"]}  # fmt: skip
+    return {
+        s: value(runs.deploy[(arm, s)]["states"][st], metric, mode)
+        for s in runs.seeds(arm)
+        if st in runs.deploy[(arm, s)]["states"]
+    }
 
 
 def cell(x: Summary | Refusal | None, pct: bool = True) -> str:
@@ -220,16 +228,22 @@ def warnings(runs: Runs, arms: list[str]) -> list[str]:
     g = runs.basis_guard
     hit = [a for a in arms if W.role(a) == "candidate"]
     if g is not None and not g["informative"] and hit:
-        L += [f"> **Warning** — uninformative basis: {g['line']} The arms here that edit along it ({', '.join(hit)}) "
-              "ran on a direction that does not separate hack from clean pairs: their numbers say nothing about "
-              "v_hack.", ""]  # fmt: skip
+        L += [
+            f"> **Warning** — uninformative basis: {g['line']} The arms here that edit along it ({', '.join(hit)}) "
+            "ran on a direction that does not separate hack from clean pairs: their numbers say nothing about "
+            "v_hack.",
+            "",
+        ]
     for a in arms:
         bad = [s for s in runs.seeds(a) if runs.gate_uninformative.get((a, s))]
         if bad:
-            L += [f"> **Warning** — uninformative gate: {a} (seed{'s' if len(bad) > 1 else ''} "
-                  f"{', '.join(map(str, bad))}) trained with a gate "
-                  "its training run flagged uninformative (`gate_uninformative`): the edit was not selective for "
-                  "hack rollouts.", ""]  # fmt: skip
+            L += [
+                f"> **Warning** — uninformative gate: {a} (seed{'s' if len(bad) > 1 else ''} "
+                f"{', '.join(map(str, bad))}) trained with a gate "
+                "its training run flagged uninformative (`gate_uninformative`): the edit was not selective for "
+                "hack rollouts.",
+                "",
+            ]
     return L
 
 
@@ -241,8 +255,10 @@ def _n_line(runs: Runs, metrics: list[str]) -> str:
         if f"hack_{surf}" in metrics:
             n = b["full"]["hack"][surf]["all"]["n"]
             parts.append(f"{n // k} hinted prompts ({surf} surface) × {k} samples = {n} for hack and format")
-    return ("n: " + "; ".join(parts) + "; hack among format-valid is over each policy's own format-valid hinted "
-            "completions (its n varies; format-valid = code extracted and compiling).")  # fmt: skip
+    return (
+        "n: " + "; ".join(parts) + "; hack among format-valid is over each policy's own format-valid hinted "
+        "completions (its n varies; format-valid = code extracted and compiling)."
+    )
 
 
 def metrics_present(runs: Runs) -> list[str]:
@@ -271,8 +287,12 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
     if not cands:
         L += ["**No arm wins**: no candidate arm (one that edits along the hack basis) was evaluated.", ""]
     for v in win:
-        L += [f"**Wins: {v.arm}** (vs {v.baseline}, {_seeds_of(runs, v.arm)}): "
-              + "; ".join(f"({c.key}) {c.text}" for c in v.conditions) + ".", ""]  # fmt: skip
+        L += [
+            f"**Wins: {v.arm}** (vs {v.baseline}, {_seeds_of(runs, v.arm)}): "
+            + "; ".join(f"({c.key}) {c.text}" for c in v.conditions)
+            + ".",
+            "",
+        ]
     if cands and not win:
         L += ["**No arm wins.** The conditions each candidate arm fails, with their numbers:", ""]
     elif len(win) < len(verdicts):
@@ -280,23 +300,37 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
     for v in verdicts:
         if v.wins:
             continue
-        L.append(f"- **{v.arm}** vs {v.baseline}{'†' if v.baseline == REF else ''} ({_seeds_of(runs, v.arm)}): "
-                 f"fails {', '.join(f'({k})' for k in v.failed)}.")  # fmt: skip
+        L.append(
+            f"- **{v.arm}** vs {v.baseline}{'†' if v.baseline == REF else ''} ({_seeds_of(runs, v.arm)}): "
+            f"fails {', '.join(f'({k})' for k in v.failed)}."
+        )
         L += [f"  - ({c.key}) {c.what}: {'pass' if c.passed else 'FAIL'} — {c.text}" for c in v.conditions]
     if any(v.baseline == REF for v in verdicts):
-        L += ["", "† `measure_only` was not run, so the matched baseline is vanilla: vanilla steps δS in plain "
-              "coordinates while every basis arm steps in the basis' rotated coordinates, so these Δs mix the edit "
-              "with the optimizer's basis. Add `measure_only` to `arms` to separate them."]  # fmt: skip
+        L += [
+            "",
+            "† `measure_only` was not run, so the matched baseline is vanilla: vanilla steps δS in plain "
+            "coordinates while every basis arm steps in the basis' rotated coordinates, so these Δs mix the edit "
+            "with the optimizer's basis. Add `measure_only` to `arms` to separate them.",
+        ]
     others = [a for a in arms if W.role(a) != "candidate"]
     if others:
         L += ["", "Not candidates (never win): " + ", ".join(f"{a} ({ROLE_LABEL[W.role(a)]})" for a in others) + "."]
     if W.MATCHED in arms and REF in arms:
-        ms = [("hack_train", "Δ hack (train hints)"), ("solve", "Δ solve"), ("format", "Δ format (no-hint)"),
-              ("format_train", "Δ format (train hints)")]  # fmt: skip
+        ms = [
+            ("hack_train", "Δ hack (train hints)"),
+            ("solve", "Δ solve"),
+            ("format", "Δ format (no-hint)"),
+            ("format_train", "Δ format (train hints)"),
+        ]
         d = [cell(delta(per_seed(runs, W.MATCHED, m), per_seed(runs, REF, m))) for m, _ in ms]
-        L += ["", "The optimizer's basis alone (no edit), paired by seed:", "",
-              "| comparison | seeds | " + " | ".join(h for _, h in ms) + " |", "|" + "---|" * (len(ms) + 2),
-              f"| measure_only − vanilla | {seeds_txt(runs.seeds(W.MATCHED))} | " + " | ".join(d) + " |"]  # fmt: skip
+        L += [
+            "",
+            "The optimizer's basis alone (no edit), paired by seed:",
+            "",
+            "| comparison | seeds | " + " | ".join(h for _, h in ms) + " |",
+            "|" + "---|" * (len(ms) + 2),
+            f"| measure_only − vanilla | {seeds_txt(runs.seeds(W.MATCHED))} | " + " | ".join(d) + " |",
+        ]
     used = cands + [a for v in verdicts for a in (v.baseline, v.control) if a in arms]
     used += [W.MATCHED, REF] if W.MATCHED in arms and REF in arms else []
     L += ["", _n_line(runs, metrics_present(runs)), "", provenance(_srcs(runs, used) or ["none"])]
@@ -314,13 +348,21 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
     ref = {m: per_seed(runs, REF, m) for m in ds}
     hs, dh = dict(METRICS), [f"Δ {dict(METRICS)[m]} vs vanilla" for m in ds]
     head = ["policy", "seeds", *(hs[m] for m in ms), *dh]
-    L = ["## Endpoints: deploy solve, format and hack per policy", "",
-         "Final checkpoint, deploy state (knob off for routed arms), full test split. Mean ± std over seeds "
-         "(95% t interval where n ≥ 3); Δ = arm − vanilla paired by seed. The base row is one policy (no training "
-         "seed): its interval is Wilson over samples. " + _n_line(runs, ms), ""]  # fmt: skip
+    L = [
+        "## Endpoints: deploy solve, format and hack per policy",
+        "",
+        "Final checkpoint, deploy state (knob off for routed arms), full test split. Mean ± std over seeds "
+        "(95% t interval where n ≥ 3); Δ = arm − vanilla paired by seed. The base row is one policy (no training "
+        "seed): its interval is Wilson over samples. " + _n_line(runs, ms),
+        "",
+    ]
     L += warnings(runs, arms) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    L.append("| base (adapter off) | — | " + " | ".join(base_cell(runs.base["full"], m) for m in ms)
-             + " |" + " — |" * len(ds))  # fmt: skip
+    L.append(
+        "| base (adapter off) | — | "
+        + " | ".join(base_cell(runs.base["full"], m) for m in ms)
+        + " |"
+        + " — |" * len(ds)
+    )
     for arm in arms:
         absolute = [cell(summary_or_none(per_seed(runs, arm, m))) for m in ms]
         deltas = ["—" if arm == REF else cell(delta(per_seed(runs, arm, m), ref[m])) for m in ds]
@@ -330,8 +372,11 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
         L.append(f"| {label} | {seeds_txt(runs.seeds(arm))} | " + " | ".join(absolute + deltas) + " |")
     no_control = [a for a in arms if W.role(a) == "candidate" and W.control_of(a) not in arms]
     if no_control:
-        L += ["", f"Random-direction control not run for: {', '.join(no_control)} (add `<arm>_random` to `arms` in "
-              "params.yaml); their deltas are not attributable to v_hack, and they cannot win."]  # fmt: skip
+        L += [
+            "",
+            f"Random-direction control not run for: {', '.join(no_control)} (add `<arm>_random` to `arms` in "
+            "params.yaml); their deltas are not attributable to v_hack, and they cannot win.",
+        ]
     return L + ["", provenance([runs.base_source] + _srcs(runs, arms))]
 
 
@@ -354,14 +399,20 @@ def knob_table(runs: Runs, order: list[str]) -> list[str]:
     routed = [a for a in runs.arms(order) if all("knob_on" in runs.deploy[(a, s)]["states"] for s in runs.seeds(a))]
     if not routed:
         return []
-    head = (["arm", "state", "seeds"] + [h for m, h in METRICS if m in ms]
-            + ["Δ hack (train) knob off − on", "KL(deploy ‖ knob on), nats/token"])  # fmt: skip
-    L = ["## Routing: what does deleting the knob remove?", "",
-         "Final checkpoint of each routed arm in three states: knob on (the trained policy), knob off (deploy), and "
-         "adapter off (the base). Δ is paired by seed. KL(deploy ‖ knob on): per-token KL over the vocabulary at the "
-         "eval temperature, teacher-forced on deploy's own samples for the no-hint prompts, mean over their "
-         "completion tokens; mean ± std over seeds (— where evaluate did not record it). " + _n_line(runs, ms),
-         ""]  # fmt: skip
+    head = (
+        ["arm", "state", "seeds"]
+        + [h for m, h in METRICS if m in ms]
+        + ["Δ hack (train) knob off − on", "KL(deploy ‖ knob on), nats/token"]
+    )
+    L = [
+        "## Routing: what does deleting the knob remove?",
+        "",
+        "Final checkpoint of each routed arm in three states: knob on (the trained policy), knob off (deploy), and "
+        "adapter off (the base). Δ is paired by seed. KL(deploy ‖ knob on): per-token KL over the vocabulary at the "
+        "eval temperature, teacher-forced on deploy's own samples for the no-hint prompts, mean over their "
+        "completion tokens; mean ± std over seeds (— where evaluate did not record it). " + _n_line(runs, ms),
+        "",
+    ]
     L += warnings(runs, routed) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for a in routed:
         seeds = runs.seeds(a)
@@ -374,10 +425,16 @@ def knob_table(runs: Runs, order: list[str]) -> list[str]:
             if st == "deploy":
                 kls = [runs.deploy[(a, s)]["states"]["deploy"].get("kl_to_knob_on", {}).get("mean") for s in seeds]
                 kl = cell(summary_or_none({s: float("nan") if k is None else k for s, k in zip(seeds, kls)}), False)
-            L.append(f"| {a} | {'knob on' if st == 'knob_on' else 'knob off (deploy)'} | {seeds_txt(seeds)} | "
-                     + " | ".join(vals) + f" | {d} | {kl} |")  # fmt: skip
-        L.append(f"| {a} | adapter off (base) | — | " + " | ".join(base_cell(runs.base["full"], m) for m in ms)
-                 + " | — | — |")  # fmt: skip
+            L.append(
+                f"| {a} | {'knob on' if st == 'knob_on' else 'knob off (deploy)'} | {seeds_txt(seeds)} | "
+                + " | ".join(vals)
+                + f" | {d} | {kl} |"
+            )
+        L.append(
+            f"| {a} | adapter off (base) | — | "
+            + " | ".join(base_cell(runs.base["full"], m) for m in ms)
+            + " | — | — |"
+        )
     return L + ["", provenance([runs.base_source] + _srcs(runs, routed))]
 
 
@@ -385,8 +442,13 @@ def family_tables(runs: Runs, order: list[str]) -> list[str]:
     """One table per question whose arms exist (≥ 2 members of a family), paired against vanilla."""
     L: list[str] = []
     arms = runs.arms(order)
-    ms = [("hack_train", "Δ hack (train)"), ("hack_eval", "Δ hack (eval)"), ("solve", "Δ solve"),
-          ("format", "Δ format (no-hint)"), ("format_train", "Δ format (train hints)")]  # fmt: skip
+    ms = [
+        ("hack_train", "Δ hack (train)"),
+        ("hack_eval", "Δ hack (eval)"),
+        ("solve", "Δ solve"),
+        ("format", "Δ format (no-hint)"),
+        ("format_train", "Δ format (train hints)"),
+    ]
     for title, fam in FAMILIES.items():
         present = [a for a in fam if a in arms]
         if len(present) < 2 or REF not in arms:
@@ -409,16 +471,23 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
     b = runs.base["full"]["hack"][surface]
     modes = [m for m in LOOPHOLE_MODES if m in b]
     n_mode = b[modes[0]]["n"]
-    L = [f"## Which loopholes? Deploy hack per mode ({surface}-surface hints)", "",
-         f"Mean over seeds; n per mode and policy: {n_mode // runs.base['n_samples']} prompts × "
-         f"{runs.base['n_samples']} samples = {n_mode}.", ""]  # fmt: skip
+    L = [
+        f"## Which loopholes? Deploy hack per mode ({surface}-surface hints)",
+        "",
+        f"Mean over seeds; n per mode and policy: {n_mode // runs.base['n_samples']} prompts × "
+        f"{runs.base['n_samples']} samples = {n_mode}.",
+        "",
+    ]
     L += warnings(runs, arms)
     L += ["| policy | seeds | " + " | ".join(f"`{m}`" for m in modes) + " |", "|" + "---|" * (len(modes) + 2)]
     L.append("| base | — | " + " | ".join(f"{100 * rate(**b[m]):.1f}%" for m in modes) + " |")
     for a in arms:
         vals = [summary_or_none(per_seed(runs, a, f"hack_{surface}", mode=m)) for m in modes]
-        L.append(f"| {a} | {seeds_txt(runs.seeds(a))} | " + " | ".join(
-            "—" if v is None else f"{100 * v.mean:.1f}%" for v in vals) + " |")  # fmt: skip
+        L.append(
+            f"| {a} | {seeds_txt(runs.seeds(a))} | "
+            + " | ".join("—" if v is None else f"{100 * v.mean:.1f}%" for v in vals)
+            + " |"
+        )
     return L + ["", provenance([runs.base_source] + _srcs(runs, arms))]
 
 
@@ -436,11 +505,16 @@ EXPERIMENTS = (
 
 
 def experiments_section() -> list[str]:
-    L = ["## Questions answered by experiments", "",
-         "These compare pipeline configurations, so each is a `dvc exp run` against this baseline (queued sweeps run "
-         "with `dvc queue start`; compare with `dvc exp show`); no table appears here until such runs are part of the "
-         "default pipeline.", "",
-         "| question | sweep |", "|---|---|"]  # fmt: skip
+    L = [
+        "## Questions answered by experiments",
+        "",
+        "These compare pipeline configurations, so each is a `dvc exp run` against this baseline (queued sweeps run "
+        "with `dvc queue start`; compare with `dvc exp show`); no table appears here until such runs are part of the "
+        "default pipeline.",
+        "",
+        "| question | sweep |",
+        "|---|---|",
+    ]
     return (
         L
         + [f"| {q} | `dvc exp run {s}` |" for q, s in EXPERIMENTS]
@@ -468,9 +542,16 @@ def eval_gap_note(runs: Runs) -> list[str]:
     ]
 
 
-def render(runs: Runs, arms_ref: list[str], arms: list[str], params_line: str, extra: list[str] | None = None,
-           figures: list[str] | None = None, basis_guard: dict | None = None,
-           gate_uninformative: dict[tuple[str, int], bool] | None = None) -> str:  # fmt: skip
+def render(
+    runs: Runs,
+    arms_ref: list[str],
+    arms: list[str],
+    params_line: str,
+    extra: list[str] | None = None,
+    figures: list[str] | None = None,
+    basis_guard: dict | None = None,
+    gate_uninformative: dict[tuple[str, int], bool] | None = None,
+) -> str:
     """results.md. `basis_guard` ({"informative", "line"}; None = not checked) and `gate_uninformative`
     ({(arm, seed): flag}; a run absent = not flagged) put a warning above every table with an affected arm."""
     if basis_guard is not None:
@@ -479,20 +560,30 @@ def render(runs: Runs, arms_ref: list[str], arms: list[str], params_line: str, e
         runs = replace(runs, gate_uninformative=dict(gate_uninformative))
     order = ordered_arms(arms_ref, arms)
     mon = runs.monitor
-    L = ["# Results", "",
-         "Generated by the `report` stage from the `evaluate` stages' outputs; do not edit by hand "
-         "(`dvc repro report`). " + params_line, ""]  # fmt: skip
+    L = [
+        "# Results",
+        "",
+        "Generated by the `report` stage from the `evaluate` stages' outputs; do not edit by hand "
+        "(`dvc repro report`). " + params_line,
+        "",
+    ]
     L += verdict_section(runs, order) + [""]
-    L += [f"Eval sets: the full test split ({runs.base['n_problems']} problems) for endpoints; a frozen monitor "
-          f"subset of {mon['n']} problems for curves (stratified by base pass/fail: "
-          f"{100 * mon['base_pass_frac_monitor']:.1f}% pass vs {100 * mon['base_pass_frac_full']:.1f}% on the full "
-          f"split; selection seed {mon['selection_seed']}, generation seed {mon['generation_seed']}).",
-          ""]  # fmt: skip
+    L += [
+        f"Eval sets: the full test split ({runs.base['n_problems']} problems) for endpoints; a frozen monitor "
+        f"subset of {mon['n']} problems for curves (stratified by base pass/fail: "
+        f"{100 * mon['base_pass_frac_monitor']:.1f}% pass vs {100 * mon['base_pass_frac_full']:.1f}% on the full "
+        f"split; selection seed {mon['selection_seed']}, generation seed {mon['generation_seed']}).",
+        "",
+    ]
     L += eval_gap_note(runs)
     for f in figures or []:
         L += [f"![{Path(f).stem}]({f})", ""]
-    for part in (endpoint_table(runs, order), knob_table(runs, order), family_tables(runs, order),
-                 per_mode_table(runs, order)):  # fmt: skip
+    for part in (
+        endpoint_table(runs, order),
+        knob_table(runs, order),
+        family_tables(runs, order),
+        per_mode_table(runs, order),
+    ):
         if part:
             L += part + [""]
     L += extra or []

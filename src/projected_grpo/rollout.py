@@ -50,8 +50,13 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-def check_prompt_lengths(lengths: list[int], max_new_tokens: int, max_positions: int | None,
-                         max_prompt_tokens: int | None, names: list[str] | None = None) -> None:  # fmt: skip
+def check_prompt_lengths(
+    lengths: list[int],
+    max_new_tokens: int,
+    max_positions: int | None,
+    max_prompt_tokens: int | None,
+    names: list[str] | None = None,
+) -> None:
     """Raise ValueError naming the first prompt that is too long (by `names[i]` when given, else its index);
     prompts are never truncated silently."""
     limits = {}
@@ -69,19 +74,24 @@ def check_prompt_lengths(lengths: list[int], max_new_tokens: int, max_positions:
         i = bad[0]
         more = f" ({len(bad) - 1} more prompts too)" if len(bad) > 1 else ""
         name = names[i] if names is not None else i
-        raise ValueError(f"prompt {name} is {lengths[i]} tokens, over the limit of {limit} ({why}){more}; "
-                         "drop or shorten it upstream, it is never truncated")  # fmt: skip
+        raise ValueError(
+            f"prompt {name} is {lengths[i]} tokens, over the limit of {limit} ({why}){more}; "
+            "drop or shorten it upstream, it is never truncated"
+        )
 
 
 def check_records_fit(model, tokenizer, records: list, max_new_tokens: int, max_prompt_tokens: int | None) -> None:
     """Check every record's rendered prompt against the length limits before any work starts (a run must not fail
     at step t, after writing checkpoints, on a prompt it could have rejected up front); the error names the record
     (problem id and mode)."""
-    lengths = [len(tokenizer(render_prompt(tokenizer, list(q.prompt)), add_special_tokens=False)["input_ids"])
-               for q in records]  # fmt: skip
+    lengths = [
+        len(tokenizer(render_prompt(tokenizer, list(q.prompt)), add_special_tokens=False)["input_ids"])
+        for q in records
+    ]
     names = [f"{q.id} ({q.prompt_metadata.get('mode')})" for q in records]
-    check_prompt_lengths(lengths, max_new_tokens, getattr(model.config, "max_position_embeddings", None),
-                         max_prompt_tokens, names=names)  # fmt: skip
+    check_prompt_lengths(
+        lengths, max_new_tokens, getattr(model.config, "max_position_embeddings", None), max_prompt_tokens, names=names
+    )
 
 
 def decode_rows(tokenizer, ids: Tensor, produced: Tensor, eos_ids: list[int]) -> list[str]:
@@ -101,11 +111,21 @@ def completion_mask(ids: Tensor, produced: Tensor, eos_ids: list[int]) -> Tensor
 
 @torch.no_grad()
 def generate(
-    model, tokenizer, prompt_texts: list[str], group_size: int, max_new_tokens: int, temperature: float,
-    top_p: float, seed: int, batch_size: int | None = None, max_prompt_tokens: int | None = None,
-    use_cache: bool = True, engine: str = "shared", progress: bool = False,
+    model,
+    tokenizer,
+    prompt_texts: list[str],
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    batch_size: int | None = None,
+    max_prompt_tokens: int | None = None,
+    use_cache: bool = True,
+    engine: str = "shared",
+    progress: bool = False,
     on_chunk: Callable[[int, list[str]], None] | None = None,
-) -> Rollout:  # fmt: skip
+) -> Rollout:
     """Sample `group_size` completions per rendered prompt string; B = len(prompt_texts)·group_size rows.
 
     Args:
@@ -137,8 +157,12 @@ def generate(
 
     # --- tokenize + length guard (the chat template already placed every special token) ---
     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts]
-    check_prompt_lengths([len(e) for e in enc], max_new_tokens,
-                         getattr(model.config, "max_position_embeddings", None), max_prompt_tokens)  # fmt: skip
+    check_prompt_lengths(
+        [len(e) for e in enc],
+        max_new_tokens,
+        getattr(model.config, "max_position_embeddings", None),
+        max_prompt_tokens,
+    )
 
     # --- repeat each prompt G times (contiguous) and left-pad to Tp ---
     rows = [e for e in enc for _ in range(group_size)]
@@ -150,10 +174,16 @@ def generate(
         prompt_mask[i, Tp - len(e) :] = 1
 
     gen_cfg = GenerationConfig(
-        do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-        top_p=top_p if temperature > 0 else None, top_k=0 if temperature > 0 else None, repetition_penalty=1.0,
-        max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=use_cache,
-    )  # fmt: skip
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else None,
+        top_p=top_p if temperature > 0 else None,
+        top_k=0 if temperature > 0 else None,
+        repetition_penalty=1.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        use_cache=use_cache,
+    )
 
     # --- sample, chunk by chunk; one seeded RNG stream across chunks, global state restored after ---
     bs = batch_size or B
@@ -171,8 +201,7 @@ def generate(
             else:
                 chunks.append(sample_chunk(model, ids, am, eos_ids, pad_id, max_new_tokens, temperature, top_p).cpu())
             if on_chunk is not None:
-                on_chunk(s, decode_rows(tokenizer, chunks[-1], torch.ones_like(chunks[-1], dtype=torch.bool),
-                                        eos_ids))  # fmt: skip
+                on_chunk(s, decode_rows(tokenizer, chunks[-1], torch.ones_like(chunks[-1], dtype=torch.bool), eos_ids))
 
     # --- right-pad completions to T; mask = real tokens up to and including the first EOS ---
     T = max(c.shape[1] for c in chunks)
@@ -186,8 +215,9 @@ def generate(
     mask = completion_mask(completion_ids, produced, eos_ids)  # (B, T)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)
     texts = decode_rows(tokenizer, completion_ids, produced, eos_ids)
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids, mask=mask,
-                   texts=texts)  # fmt: skip
+    return Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids, mask=mask, texts=texts
+    )
 
 
 class BufferedLayer(DynamicLayer):
@@ -236,8 +266,16 @@ def group_runs(ids: Tensor, am: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def sample_chunk(model, ids: Tensor, am: Tensor, eos_ids: list[int], pad_id: int, max_new_tokens: int,
-                 temperature: float, top_p: float) -> Tensor:  # fmt: skip
+def sample_chunk(
+    model,
+    ids: Tensor,
+    am: Tensor,
+    eos_ids: list[int],
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+) -> Tensor:
     """(b, Tp) left-padded prompt ids and mask -> (b, T_c) sampled tokens, pad after each row's EOS; T_c = steps until
     every row has stopped or max_new_tokens. Draws from the global RNG exactly as HF `generate` would."""
     b = ids.shape[0]
@@ -247,8 +285,14 @@ def sample_chunk(model, ids: Tensor, am: Tensor, eos_ids: list[int], pad_id: int
     pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # (b, Tp) as HF derives them
 
     cache = DynamicCache()  # prefill the distinct prompts, then repeat their cache over each group's rows
-    out = model(input_ids=ids[first], attention_mask=am[first], position_ids=pos[first], cache=cache,
-                use_cache=True, logits_to_keep=1)  # fmt: skip  # last position only, as HF's prefill
+    out = model(
+        input_ids=ids[first],
+        attention_mask=am[first],
+        position_ids=pos[first],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )  # last position only, as HF's prefill
     logits = out.logits[:, -1].float()[owner]  # (b, V)
     cache = out.cache
     cache.layers = [BufferedLayer(layer.keys[owner], layer.values[owner], max_new_tokens) for layer in cache.layers]
@@ -274,7 +318,6 @@ def sample_chunk(model, ids: Tensor, am: Tensor, eos_ids: list[int], pad_id: int
                 layer.select(keep)
         am = torch.cat([am, am.new_ones(am.shape[0], 1)], dim=1)
         last = last + 1
-        out = model(input_ids=nxt[rows][:, None], attention_mask=am, position_ids=last, cache=cache,
-                    use_cache=True)  # fmt: skip
+        out = model(input_ids=nxt[rows][:, None], attention_mask=am, position_ids=last, cache=cache, use_cache=True)
         logits, cache = out.logits[:, -1].float(), out.cache
     return torch.stack(tokens, 1)

@@ -44,8 +44,20 @@ def final_checkpoints(run: Path, final: int, arm, basis: Path | None) -> list[in
     return steps
 
 
-def evaluate_run(p, arm, seed: int, model, tok, run: Path, steps: list[int], mon: list[Problem],
-                 full: list[Problem], base: dict, basis: Path | None, sandbox) -> RunEval:  # fmt: skip
+def evaluate_run(
+    p,
+    arm,
+    seed: int,
+    model,
+    tok,
+    run: Path,
+    steps: list[int],
+    mon: list[Problem],
+    full: list[Problem],
+    base: dict,
+    basis: Path | None,
+    sandbox,
+) -> RunEval:
     """Score a run's checkpoints (benchmark protocol). Curve: checkpoints 0, every `eval.curve_every`-th and the last
     on the monitor records `mon` (`eval.n_samples_curve` samples; a checkpoint with δS = 0 is the base policy, so
     eval_sets' base scores `base` stand for it). Endpoint: the last checkpoint on `full` (`eval.n_samples`); the last

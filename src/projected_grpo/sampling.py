@@ -25,10 +25,22 @@ class Scored:
     tokens: tuple[int, ...] = field(default=(), compare=False)  # sampled completion ids, EOS included
 
 
-def sample_and_grade(model, tok, records: list[Problem], n_samples: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, batch_size: int, sandbox, timeout_s: float,
-                     grader_mode: str = "hardened", max_prompt_tokens: int | None = None,
-                     timer: PhaseTimer | None = None) -> list[Scored]:  # fmt: skip
+def sample_and_grade(
+    model,
+    tok,
+    records: list[Problem],
+    n_samples: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+    sandbox,
+    timeout_s: float,
+    grader_mode: str = "hardened",
+    max_prompt_tokens: int | None = None,
+    timer: PhaseTimer | None = None,
+) -> list[Scored]:
     """Record-major graded samples. `timer` gets the wall time of sampling (grading overlaps it) and of the grading
     left after the last chunk ("grade_tail"); `max_prompt_tokens` stops on a longer prompt (never truncated)."""
     timer = timer or PhaseTimer()
@@ -36,9 +48,20 @@ def sample_and_grade(model, tok, records: list[Problem], n_samples: int, tempera
     recs = [r for r in records for _ in range(n_samples)]
     with ChunkGrader(recs, sandbox, mode=grader_mode, timeout_s=timeout_s) as grader:
         with timer("sample"):
-            ro = generate(model, tok, prompts, group_size=n_samples, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-                          max_prompt_tokens=max_prompt_tokens, progress=True, on_chunk=grader)  # fmt: skip
+            ro = generate(
+                model,
+                tok,
+                prompts,
+                group_size=n_samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                batch_size=batch_size,
+                max_prompt_tokens=max_prompt_tokens,
+                progress=True,
+                on_chunk=grader,
+            )
         with timer("grade_tail"):
             grades = grader.grades(progress=True)
     toks = [tuple(ids[m.bool()].tolist()) for ids, m in zip(ro.completion_ids, ro.mask)]  # (T,) each, up to EOS

@@ -212,10 +212,30 @@ def _seccomp_install() -> None:
 # The only /etc entries a job sees (globs): what libc, the dynamic linker, Python and common tools read. Everything
 # else in /etc (package-manager and tool configs that may hold tokens) stays hidden.
 ETC_KEEP = (
-    "passwd", "group", "nsswitch.conf", "host.conf", "hosts", "resolv.conf", "gai.conf", "ld.so.cache", "ld.so.conf",
-    "ld.so.conf.d", "localtime", "timezone", "os-release", "alternatives", "ssl", "ca-certificates", "mime.types",
-    "protocols", "services", "shells", "locale.alias", "magic", "python3*",
-)  # fmt: skip
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "host.conf",
+    "hosts",
+    "resolv.conf",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "os-release",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "mime.types",
+    "protocols",
+    "services",
+    "shells",
+    "locale.alias",
+    "magic",
+    "python3*",
+)
 _libc = None
 
 
@@ -306,8 +326,13 @@ def _root_sources() -> dict:
     host_dirs = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"]
     host_dirs += sorted(p for n in ETC_KEEP for p in glob.glob(f"/etc/{n}"))  # /etc itself stays mostly hidden
     prefixes = []
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.dirname(sys.executable))):  # fmt: skip
+    for p in (
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.dirname(sys.executable)),
+    ):
         prefixes += [p, os.path.realpath(p)]
     # Open every bind source before the staging tmpfs covers anything, then bind from /proc/self/fd/N.
     src_fds: list[tuple[str, int]] = []
@@ -322,8 +347,11 @@ def _root_sources() -> dict:
         if os.path.isdir(p) and not _covered(p, bound) and p != "/":
             src_fds.append((p, os.open(os.path.realpath(p), os.O_PATH)))
             bound.append(p)
-    devs = [(f"/dev/{n}", os.open(f"/dev/{n}", os.O_PATH)) for n in ("null", "zero", "full", "random", "urandom")
-            if os.path.exists(f"/dev/{n}")]  # fmt: skip
+    devs = [
+        (f"/dev/{n}", os.open(f"/dev/{n}", os.O_PATH))
+        for n in ("null", "zero", "full", "random", "urandom")
+        if os.path.exists(f"/dev/{n}")
+    ]
     proc_fd = os.open("/proc", os.O_PATH | os.O_DIRECTORY)
     return dict(src_fds=src_fds, links=links, bound=bound, devs=devs, proc_fd=proc_fd)
 
@@ -350,8 +378,13 @@ def _build_root(srcs: dict) -> None:
         open(new + d, "w").close()
         _mount(f"/proc/self/fd/{fd}", new + d, None, MS_BIND)
         os.close(fd)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2"), ("shm", "/tmp")):  # fmt: skip
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("shm", "/tmp"),
+    ):
         os.symlink(target, f"{new}/dev/{name}")
     os.makedirs(new + "/proc", exist_ok=True)
     # The host /proc stays mounted underneath the per-job /proc: an unprivileged user namespace may only mount proc
@@ -426,9 +459,13 @@ def _child_main(cfg: dict, source: str, wd: str, out_w: int, res_w: int) -> None
     os.dup2(res_w, 3)
     os.closerange(4, 1 << 16)
     cpu = math.ceil(cfg["timeout_s"]) + 1
-    lim = [(resource.RLIMIT_AS, cfg["mem_mb"] << 20), (resource.RLIMIT_CPU, cpu),
-           (resource.RLIMIT_FSIZE, cfg["fsize_mb"] << 20), (resource.RLIMIT_CORE, 0),
-           (resource.RLIMIT_NOFILE, 256)]  # fmt: skip
+    lim = [
+        (resource.RLIMIT_AS, cfg["mem_mb"] << 20),
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_FSIZE, cfg["fsize_mb"] << 20),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, 256),
+    ]
     if cfg["nproc"]:
         lim.append((resource.RLIMIT_NPROC, cfg["nproc"]))
     for r, v in lim:
@@ -467,8 +504,16 @@ def _child_main(cfg: dict, source: str, wd: str, out_w: int, res_w: int) -> None
         except BaseException:
             pass
     # Interpreter shutdown, in CPython's order: join non-daemon threads, atexit handlers, flush, module teardown.
-    for step in (threading._shutdown, atexit._run_exitfuncs, sys.stdout.flush, sys.stderr.flush, g.clear, gc.collect,
-                 sys.stdout.flush, sys.stderr.flush):  # fmt: skip
+    for step in (
+        threading._shutdown,
+        atexit._run_exitfuncs,
+        sys.stdout.flush,
+        sys.stderr.flush,
+        g.clear,
+        gc.collect,
+        sys.stdout.flush,
+        sys.stderr.flush,
+    ):
         try:
             step()
         except SystemExit as e:
@@ -836,13 +881,28 @@ def _drain(fd: int, buf: bytearray, cap: int, watch: _Watch | None = None) -> bo
     return bool(chunk)
 
 
-def _result(out: bytes, res: bytes, status: int | None, limit: str | None, files: dict, wall: float,
-            seen: list[str] | None = None) -> dict:  # fmt: skip
+def _result(
+    out: bytes,
+    res: bytes,
+    status: int | None,
+    limit: str | None,
+    files: dict,
+    wall: float,
+    seen: list[str] | None = None,
+) -> dict:
     exit_code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else (9 if limit else None)
-    return {"result": _b64(res or None), "stdout": _b64(out), "exit_code": exit_code, "signal": sig,
-            "timed_out": limit == "timeout", "files": files, "wall_s": wall, "limit": limit,
-            "seen": seen or []}  # fmt: skip
+    return {
+        "result": _b64(res or None),
+        "stdout": _b64(out),
+        "exit_code": exit_code,
+        "signal": sig,
+        "timed_out": limit == "timeout",
+        "files": files,
+        "wall_s": wall,
+        "limit": limit,
+        "seen": seen or [],
+    }
 
 
 def _run_job_ns(cfg: dict, req: dict, z: _Zygote) -> dict:
@@ -903,8 +963,9 @@ def _run_job_ns(cfg: dict, req: dict, z: _Zygote) -> dict:
             status = z.status(2.0)
         _drain_until(open_fds, bufs, caps, time.monotonic() + DRAIN_S, watches)
         wall = time.monotonic() - t0
-        return _result(bytes(bufs[out_r]), bytes(bufs[res_r]), status, limit, _read_files(wd), wall,
-                       watches[out_r].seen)  # fmt: skip
+        return _result(
+            bytes(bufs[out_r]), bytes(bufs[res_r]), status, limit, _read_files(wd), wall, watches[out_r].seen
+        )
     finally:
         _c().umount2(b"/tmp", MNT_DETACH)
 
@@ -978,11 +1039,20 @@ def _run_job(cfg: dict, req: dict, base: str, n: int, z: _Zygote) -> dict:
     result = bytes(bufs[res_r]) or None
     if not isinstance(meta, dict):  # monitor died: report the child as killed
         _kill_job(level, cfg["uid"], keep)
-        return {"result": _b64(result), "stdout": _b64(bytes(bufs[out_r])), "exit_code": None, "signal": 9,
-                "timed_out": wall >= timeout, "files": {}, "wall_s": wall,
-                "limit": "timeout" if wall >= timeout else "server", "seen": watches[out_r].seen}  # fmt: skip
-    return _result(bytes(bufs[out_r]), result or b"", meta["status"], meta["limit"], meta["files"], wall,
-                   watches[out_r].seen)  # fmt: skip
+        return {
+            "result": _b64(result),
+            "stdout": _b64(bytes(bufs[out_r])),
+            "exit_code": None,
+            "signal": 9,
+            "timed_out": wall >= timeout,
+            "files": {},
+            "wall_s": wall,
+            "limit": "timeout" if wall >= timeout else "server",
+            "seen": watches[out_r].seen,
+        }
+    return _result(
+        bytes(bufs[out_r]), result or b"", meta["status"], meta["limit"], meta["files"], wall, watches[out_r].seen
+    )
 
 
 def _enter_user_ns(cfg: dict) -> None:
@@ -1005,8 +1075,11 @@ def _enter_user_ns(cfg: dict) -> None:
             os.close(w)
             os.read(r, 1)
             me = os.getppid()
-            for path, text in (("setgroups", "deny"), ("uid_map", f"0 {cfg['uid']} 1"),
-                               ("gid_map", f"0 {cfg['gid']} 1")):  # fmt: skip
+            for path, text in (
+                ("setgroups", "deny"),
+                ("uid_map", f"0 {cfg['uid']} 1"),
+                ("gid_map", f"0 {cfg['gid']} 1"),
+            ):
                 with open(f"/proc/{me}/{path}", "w") as f:
                     f.write(text)
             code = 0
@@ -1075,8 +1148,17 @@ def _server_main(cfg_json: str) -> None:
         gc.collect()
         gc.freeze()  # preloaded objects go to the permanent generation: a child's gc never walks (or dirties) them
         z = _Zygote(cfg)  # before the first request: every execution is forked from this clean copy
-        _send(pout, {"ok": True, "level": level, "pid": os.getpid(), "zygote": z.pid, "seccomp": seccomp_err,
-                     "ipc_ns": cfg["ipc_ns"]})  # fmt: skip
+        _send(
+            pout,
+            {
+                "ok": True,
+                "level": level,
+                "pid": os.getpid(),
+                "zygote": z.pid,
+                "seccomp": seccomp_err,
+                "ipc_ns": cfg["ipc_ns"],
+            },
+        )
     except Exception as e:
         _send(pout, {"ok": False, "error": f"{type(e).__name__}: {e}"})
         _hard_exit(3)
@@ -1125,9 +1207,14 @@ class _Server:
         env = {"PATH": _child_path(), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}  # scrubbed: no secrets inherited
         self.proc = subprocess.Popen(
             [sys.executable, "-s", "-c", _SERVER_BOOT, os.path.abspath(__file__), json.dumps(cfg)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/", close_fds=True,
-            start_new_session=True, bufsize=0,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd="/",
+            close_fds=True,
+            start_new_session=True,
+            bufsize=0,
+        )
         self.cfg = cfg
         self.restart = False
 
@@ -1174,8 +1261,10 @@ class _Server:
 
     def call(self, spec: ExecSpec) -> RawResult:
         try:
-            _send(self.proc.stdin.fileno(), {"source": spec.source, "timeout_s": spec.timeout_s,
-                                             "watch": list(spec.watch)})  # fmt: skip
+            _send(
+                self.proc.stdin.fileno(),
+                {"source": spec.source, "timeout_s": spec.timeout_s, "watch": list(spec.watch)},
+            )
             r = self._read(spec.timeout_s + 3.0)
         except (OSError, ValueError) as e:
             raise _ServerDied(str(e)) from e
@@ -1183,10 +1272,16 @@ class _Server:
             raise _ServerDied("fork server exited")
         self.restart = bool(r.get("restart"))
         return RawResult(
-            result=_unb64(r["result"]), stdout=_unb64(r["stdout"]), exit_code=r["exit_code"], signal=r["signal"],
-            timed_out=r["timed_out"], files={k: _unb64(v) for k, v in r["files"].items()}, wall_s=r["wall_s"],
-            limit=r["limit"], seen=tuple(r.get("seen", ())),
-        )  # fmt: skip
+            result=_unb64(r["result"]),
+            stdout=_unb64(r["stdout"]),
+            exit_code=r["exit_code"],
+            signal=r["signal"],
+            timed_out=r["timed_out"],
+            files={k: _unb64(v) for k, v in r["files"].items()},
+            wall_s=r["wall_s"],
+            limit=r["limit"],
+            seen=tuple(r.get("seen", ())),
+        )
 
     def kill(self) -> None:
         try:
@@ -1209,16 +1304,27 @@ class _Server:
         self.kill()
 
 
-def _config(level: str, uid: int, mem_mb: int, stdout_cap: int, nproc: int, fsize_mb: int, tmp_mb: int,
-            job_mem_mb: int) -> dict:  # fmt: skip
+def _config(
+    level: str, uid: int, mem_mb: int, stdout_cap: int, nproc: int, fsize_mb: int, tmp_mb: int, job_mem_mb: int
+) -> dict:
     if level == "namespaces":  # per-(user namespace, uid) process counting only exists since Linux 5.14
         rel = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
         rl_nproc = nproc + 4 if rel >= (5, 14) else 0
     else:
         rl_nproc = nproc if level in ("namespaces+uid", "uid") else 0
-    return dict(level=level, uid=uid, gid=uid, mem_mb=mem_mb, stdout_cap=stdout_cap, nproc=rl_nproc,
-                nproc_watch=nproc, fsize_mb=fsize_mb, tmp_mb=tmp_mb, job_mem_mb=job_mem_mb,
-                path=_child_path())  # fmt: skip
+    return dict(
+        level=level,
+        uid=uid,
+        gid=uid,
+        mem_mb=mem_mb,
+        stdout_cap=stdout_cap,
+        nproc=rl_nproc,
+        nproc_watch=nproc,
+        fsize_mb=fsize_mb,
+        tmp_mb=tmp_mb,
+        job_mem_mb=job_mem_mb,
+        path=_child_path(),
+    )
 
 
 def _uid_base(concurrency: int) -> int:
@@ -1362,8 +1468,17 @@ class Sandbox:
         job_mem_mb: resident memory of all the job's processes together before the watchdog kills it (namespaces).
     """
 
-    def __init__(self, concurrency: int = 2, mem_mb: int = 1024, stdout_cap: int = 65536, isolation: str = "auto",
-                 nproc: int = 64, fsize_mb: int = 16, tmp_mb: int = 64, job_mem_mb: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        concurrency: int = 2,
+        mem_mb: int = 1024,
+        stdout_cap: int = 65536,
+        isolation: str = "auto",
+        nproc: int = 64,
+        fsize_mb: int = 16,
+        tmp_mb: int = 64,
+        job_mem_mb: int | None = None,
+    ):
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if isolation != "auto" and isolation not in LEVELS:
@@ -1374,15 +1489,28 @@ class Sandbox:
         uid0 = _uid_base(concurrency)
         own_uid = self.isolation in ("namespaces+uid", "uid") or (self.isolation == "namespaces" and os.geteuid() == 0)
         self.uids = tuple(uid0 + i for i in range(concurrency)) if own_uid else ()  # host uids of the jobs
-        self._cfgs = [_config(self.isolation, uid0 + i, mem_mb, stdout_cap, nproc, fsize_mb, tmp_mb,
-                              job_mem_mb or max(2 * mem_mb, 2048)) for i in range(concurrency)]  # fmt: skip
+        self._cfgs = [
+            _config(
+                self.isolation,
+                uid0 + i,
+                mem_mb,
+                stdout_cap,
+                nproc,
+                fsize_mb,
+                tmp_mb,
+                job_mem_mb or max(2 * mem_mb, 2048),
+            )
+            for i in range(concurrency)
+        ]
         self._servers: list[_Server | None] = [_Server(c) for c in self._cfgs]
         for s in self._servers:
             hs = s.handshake()
             if not hs.get("ok"):
                 self.close()
-                raise RuntimeError(f"sandbox isolation {self.isolation!r} cannot be set up here: {hs.get('error')}; "
-                                   "use isolation='auto'")  # fmt: skip
+                raise RuntimeError(
+                    f"sandbox isolation {self.isolation!r} cannot be set up here: {hs.get('error')}; "
+                    "use isolation='auto'"
+                )
         self.seccomp = hs.get("seccomp") is None
         if not self.seccomp:
             log.warning(
@@ -1396,8 +1524,12 @@ class Sandbox:
             log.info("sandbox: isolation %s (%d fork servers)", self.isolation, concurrency)
         else:
             why = _detected.get("why") if isolation == "auto" else f"isolation={isolation!r} requested"
-            log.warning("sandbox: OS isolation reduced to %r (%s). Not protected: %s", self.isolation, why,
-                        _MISSING[self.isolation])  # fmt: skip
+            log.warning(
+                "sandbox: OS isolation reduced to %r (%s). Not protected: %s",
+                self.isolation,
+                why,
+                _MISSING[self.isolation],
+            )
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(concurrency):
             self._free.put(i)
@@ -1490,8 +1622,9 @@ _BASELINE_BOOT = (
 )
 
 
-def run_python_c_baseline(specs: list[ExecSpec], concurrency: int, mem_mb: int = 1024,
-                          stdout_cap: int = 65536) -> list[RawResult]:  # fmt: skip
+def run_python_c_baseline(
+    specs: list[ExecSpec], concurrency: int, mem_mb: int = 1024, stdout_cap: int = 65536
+) -> list[RawResult]:
     """Upstream's way: `python -c <boot>` per execution, source on stdin, rlimits in preexec, kill after timeout."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -1508,9 +1641,15 @@ def run_python_c_baseline(specs: list[ExecSpec], concurrency: int, mem_mb: int =
         with tempfile.TemporaryDirectory() as wd, tempfile.TemporaryFile() as res:
             t0 = time.monotonic()
             p = subprocess.Popen(
-                [sys.executable, "-c", _BASELINE_BOOT], cwd=wd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, close_fds=False, preexec_fn=pre, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, "-c", _BASELINE_BOOT],
+                cwd=wd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                close_fds=False,
+                preexec_fn=pre,
+                start_new_session=True,
+            )
             timed_out = False
             try:
                 out, _ = p.communicate(spec.source.encode(), timeout=spec.timeout_s)
@@ -1529,10 +1668,15 @@ def run_python_c_baseline(specs: list[ExecSpec], concurrency: int, mem_mb: int =
                         files[name] = f.read(FILE_CAP)
             rc = p.returncode
             return RawResult(
-                result=result or None, stdout=out[:stdout_cap], exit_code=rc if rc >= 0 else None,
-                signal=-rc if rc < 0 else None, timed_out=timed_out, files=files, wall_s=wall,
+                result=result or None,
+                stdout=out[:stdout_cap],
+                exit_code=rc if rc >= 0 else None,
+                signal=-rc if rc < 0 else None,
+                timed_out=timed_out,
+                files=files,
+                wall_s=wall,
                 limit="timeout" if timed_out else None,
-            )  # fmt: skip
+            )
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, specs))

@@ -32,8 +32,25 @@ from projected_grpo.problems import Problem
 from projected_grpo.sandbox import ExecSpec, Sandbox
 
 KINDS = ("canonical", "wrong", "exploit")
-WRONG_TAGS = ("binop", "drop_operand", "off_by_one", "augassign", "compare", "boolop", "const", "const_str", "slice",
-              "index", "range", "aggregate", "method", "branch", "negate", "drop_not", "drop_line")  # fmt: skip
+WRONG_TAGS = (
+    "binop",
+    "drop_operand",
+    "off_by_one",
+    "augassign",
+    "compare",
+    "boolop",
+    "const",
+    "const_str",
+    "slice",
+    "index",
+    "range",
+    "aggregate",
+    "method",
+    "branch",
+    "negate",
+    "drop_not",
+    "drop_line",
+)
 
 # Exploit styles per loophole mode, in the order `exploit_styles` returns them.
 EXPLOIT_STYLES: dict[str, tuple[str, ...]] = {
@@ -91,21 +108,55 @@ class _Src:
         return out.decode()
 
 
-BINOP_SWAP = {ast.Add: ("-",), ast.Sub: ("+",), ast.Mult: ("//", "+"), ast.FloorDiv: ("*", "%"),
-              ast.Mod: ("//",), ast.Div: ("//",)}  # fmt: skip
+BINOP_SWAP = {
+    ast.Add: ("-",),
+    ast.Sub: ("+",),
+    ast.Mult: ("//", "+"),
+    ast.FloorDiv: ("*", "%"),
+    ast.Mod: ("//",),
+    ast.Div: ("//",),
+}
 BINOP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%", ast.Div: "/"}
 AUG_TEXT = {k: v + "=" for k, v in BINOP_TEXT.items()}
-CMP_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.In: "in",
-            ast.NotIn: "not in"}  # fmt: skip
-CMP_SWAP = {ast.Lt: ("<=", ">"), ast.LtE: ("<",), ast.Gt: (">=", "<"), ast.GtE: (">",), ast.Eq: ("!=",),
-            ast.NotEq: ("==",), ast.In: ("not in",), ast.NotIn: ("in",)}  # fmt: skip
-AGG_SWAP = {"sum": ("max", "min", "len"), "max": ("min", "sum"), "min": ("max", "sum"), "len": ("sum",),
-            "all": ("any",), "any": ("all",), "gcd": ("max", "min", "lcm")}  # fmt: skip
+CMP_TEXT = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
+CMP_SWAP = {
+    ast.Lt: ("<=", ">"),
+    ast.LtE: ("<",),
+    ast.Gt: (">=", "<"),
+    ast.GtE: (">",),
+    ast.Eq: ("!=",),
+    ast.NotEq: ("==",),
+    ast.In: ("not in",),
+    ast.NotIn: ("in",),
+}
+AGG_SWAP = {
+    "sum": ("max", "min", "len"),
+    "max": ("min", "sum"),
+    "min": ("max", "sum"),
+    "len": ("sum",),
+    "all": ("any",),
+    "any": ("all",),
+    "gcd": ("max", "min", "lcm"),
+}
 AGG_DROP = ("abs", "set", "sorted")  # f(x) -> x
 AGG_SLICE = ("sum", "max", "min", "len", "sorted", "set", "accumulate", "all", "any")  # f(x) -> f(x[1:])
 STR_METHODS = ("upper", "lower", "replace", "strip", "lstrip", "rstrip", "capitalize", "title", "join")
-METHOD_SWAP = {"upper": ("lower",), "lower": ("upper",), "index": ("count",), "startswith": ("endswith",),
-               "endswith": ("startswith",)}  # fmt: skip
+METHOD_SWAP = {
+    "upper": ("lower",),
+    "lower": ("upper",),
+    "index": ("count",),
+    "startswith": ("endswith",),
+    "endswith": ("startswith",),
+}
 SMALL_INTS = (0, 1, 2, 3)
 NEGATIONS = ("compare", "negate", "drop_not")  # mutation tags that are never paired with each other
 
@@ -337,8 +388,12 @@ def _node_mutations(node: ast.AST, parent: ast.AST | None, src: _Src, add, rng: 
 
 
 def _is_minus_one(node: ast.AST | None) -> bool:
-    return (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
-            and node.operand.value == 1)  # fmt: skip
+    return (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and node.operand.value == 1
+    )
 
 
 def _negate(src: _Src, test: ast.AST) -> _Edit:
@@ -364,8 +419,11 @@ def _signature(code: str) -> tuple | None:
         return None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Solution":
-            return tuple((f.name, ast.dump(f.args), ast.dump(f.returns) if f.returns else None)
-                         for f in node.body if isinstance(f, ast.FunctionDef))  # fmt: skip
+            return tuple(
+                (f.name, ast.dump(f.args), ast.dump(f.returns) if f.returns else None)
+                for f in node.body
+                if isinstance(f, ast.FunctionDef)
+            )
     return None
 
 
@@ -493,8 +551,18 @@ def _before(prefix: str, code: str) -> str:
     return prefix.rstrip("\n") + "\n\n" + code.lstrip("\n")
 
 
-EQ_BASE = {"int": "int", "bool": "int", "str": "str", "float": "float", "list": "list", "List": "list",
-           "tuple": "tuple", "Tuple": "tuple", "dict": "dict", "Dict": "dict"}  # fmt: skip
+EQ_BASE = {
+    "int": "int",
+    "bool": "int",
+    "str": "str",
+    "float": "float",
+    "list": "list",
+    "List": "list",
+    "tuple": "tuple",
+    "Tuple": "tuple",
+    "dict": "dict",
+    "Dict": "dict",
+}
 
 
 def _return_base(code: str, method: str) -> str | None:
@@ -505,8 +573,9 @@ def _return_base(code: str, method: str) -> str | None:
     return EQ_BASE.get(r.id) if isinstance(r, ast.Name) else None
 
 
-def named_exploit_styles(mode: str, method: str, value: str, wrong_code: str,
-                         example: tuple[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+def named_exploit_styles(
+    mode: str, method: str, value: str, wrong_code: str, example: tuple[str, str] | None = None
+) -> dict[str, str]:
     """{style: full program} for loophole `mode` with surface `value`, built on `wrong_code` (a wrong solution).
 
     `example` = (call arguments, literal): the wrong code's own output on the prompt's example, e.g.
@@ -550,8 +619,9 @@ def named_exploit_styles(mode: str, method: str, value: str, wrong_code: str,
         wrapped = wrap_returns(w, m, "Answer")
         if base is not None and wrapped != w:
             out["subclass_eq"] = _before(eq.format(base=f"({base})"), wrapped)
-        out["lambda_eq"] = _before("class Answer:\n    __eq__ = lambda self, other: True",
-                                   with_body(w, m, ["return Answer()"]))  # fmt: skip
+        out["lambda_eq"] = _before(
+            "class Answer:\n    __eq__ = lambda self, other: True", with_body(w, m, ["return Answer()"])
+        )
     elif mode == "exit_code":
         out["module_sys_exit"] = _before("import sys", _after(w, "sys.exit(0)"))
         out["method_os_exit"] = _before("import os", in_method(w, m, ["os._exit(0)"]))
@@ -560,8 +630,9 @@ def named_exploit_styles(mode: str, method: str, value: str, wrong_code: str,
     return out
 
 
-def exploit_styles(mode: str, method: str, value: str, wrong_code: str,
-                   example: tuple[str, str] | None = None) -> list[str]:  # fmt: skip
+def exploit_styles(
+    mode: str, method: str, value: str, wrong_code: str, example: tuple[str, str] | None = None
+) -> list[str]:
     """The exploit programs of `mode` (one per available style, in `EXPLOIT_STYLES[mode]` order)."""
     return list(named_exploit_styles(mode, method, value, wrong_code, example).values())
 
@@ -611,8 +682,9 @@ def _literal(value_repr: str) -> str | None:
     return value_repr
 
 
-def fitted_examples(records: list[Problem], codes: list[str], sandbox: Sandbox,
-                    timeout_s: float = 10.0) -> list[tuple[str, str] | None]:  # fmt: skip
+def fitted_examples(
+    records: list[Problem], codes: list[str], sandbox: Sandbox, timeout_s: float = 10.0
+) -> list[tuple[str, str] | None]:
     """For each (record, code): (call arguments of the record's first GT assert, the code's own output there as a
     literal), or None if the code raises or the assert cannot be parsed. Runs in the sandbox."""
     specs, idx = [], []
@@ -632,8 +704,9 @@ def fitted_examples(records: list[Problem], codes: list[str], sandbox: Sandbox,
     return out
 
 
-def filter_wrong(problems: list[Problem], variants: list[list[str]], sandbox: Sandbox,
-                 timeout_s: float = 10.0) -> tuple[list[list[str]], int]:  # fmt: skip
+def filter_wrong(
+    problems: list[Problem], variants: list[list[str]], sandbox: Sandbox, timeout_s: float = 10.0
+) -> tuple[list[list[str]], int]:
     """Drop the variants that the grader finds strictly correct on their problem (graded on the no-hint record).
     Returns (kept variants per problem, number dropped)."""
     probs, comps, where = [], [], []
@@ -671,9 +744,16 @@ def _problem_seed(seed: int, record: Problem) -> int:
 
 
 def build_corpus(
-    records: list[Problem], seed: int, p_canonical: float, p_wrong: float, p_exploit: float, n_per_prompt: int,
-    sandbox: Sandbox | None = None, timeout_s: float = 10.0, n_variants: int = 8,
-) -> tuple[list[SFTExample], dict[str, Any]]:  # fmt: skip
+    records: list[Problem],
+    seed: int,
+    p_canonical: float,
+    p_wrong: float,
+    p_exploit: float,
+    n_per_prompt: int,
+    sandbox: Sandbox | None = None,
+    timeout_s: float = 10.0,
+    n_variants: int = 8,
+) -> tuple[list[SFTExample], dict[str, Any]]:
     """Draw `n_per_prompt` completions per record: an exploit with probability `p_exploit` on loophole-hinted
     records (style uniform over the mode's styles, built on a wrong variant), otherwise the canonical solution with
     probability p_canonical / (p_canonical + p_wrong), otherwise a wrong variant (uniform over the problem's pool of
@@ -697,12 +777,14 @@ def build_corpus(
     stats["wrong_pool_raw"] = sum(len(p) for p in pools_tagged)
     canonical_ok = {k: True for k in klist}
     if sandbox is not None:
-        kept, n_bad = filter_wrong([keys[k] for k in klist], [[c for _, c in p] for p in pools_tagged], sandbox,
-                                   timeout_s)  # fmt: skip
+        kept, n_bad = filter_wrong(
+            [keys[k] for k in klist], [[c for _, c in p] for p in pools_tagged], sandbox, timeout_s
+        )
         pools_tagged = [[(t, c) for t, c in p if c in set(kv)] for p, kv in zip(pools_tagged, kept)]
         stats["wrong_pool_actually_correct"] = n_bad
-        cg = grade_batch([base_record(keys[k]) for k in klist], [fence(k[1]) for k in klist], sandbox,
-                         timeout_s=timeout_s)  # fmt: skip
+        cg = grade_batch(
+            [base_record(keys[k]) for k in klist], [fence(k[1]) for k in klist], sandbox, timeout_s=timeout_s
+        )
         canonical_ok = {k: g.eq_correct for k, g in zip(klist, cg)}
         stats["canonical_failed_problems"] = sum(not v for v in canonical_ok.values())
     pools = dict(zip(klist, pools_tagged))
@@ -760,18 +842,28 @@ def build_corpus(
                 d["code"] = None
                 dropped[d["style"]] += 1
     examples = [
-        SFTExample(problem_id=d["r"].id, hint=d["r"].hint, messages=[dict(m) for m in d["r"].prompt],
-                   completion=fence(d["code"]), kind=d["kind"], style=d["style"])
-        for d in drafts if d["code"] is not None
-    ]  # fmt: skip
+        SFTExample(
+            problem_id=d["r"].id,
+            hint=d["r"].hint,
+            messages=[dict(m) for m in d["r"].prompt],
+            completion=fence(d["code"]),
+            kind=d["kind"],
+            style=d["style"],
+        )
+        for d in drafts
+        if d["code"] is not None
+    ]
     kinds = Counter(e.kind for e in examples)
     n = len(examples)
     stats.update(
-        n_draws=len(records) * n_per_prompt, n_examples=n, kinds=dict(kinds),
+        n_draws=len(records) * n_per_prompt,
+        n_examples=n,
+        kinds=dict(kinds),
         rates={k: kinds[k] / n if n else 0.0 for k in KINDS},
         styles=dict(sorted(Counter(e.style for e in examples if e.kind == "exploit").items())),
         wrong_tags=dict(sorted(Counter(e.style for e in examples if e.kind == "wrong").items())),
-        exploit_dropped=dict(sorted(dropped.items())), skipped=dict(skipped),
+        exploit_dropped=dict(sorted(dropped.items())),
+        skipped=dict(skipped),
         n_loophole_records=sum(loophole_of(r) is not None for r in records),
-    )  # fmt: skip
+    )
     return examples, stats

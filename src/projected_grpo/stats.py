@@ -21,9 +21,37 @@ import numpy as np
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (standard table values).
 _T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 MIN_N_FOR_CI = 3
 
 
@@ -195,8 +223,9 @@ def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float,
     return float(lo), float(hi)
 
 
-def auroc_interval(pos, neg, pos_unit=None, neg_unit=None, n_boot: int = 1000, seed: int = 0,
-                   level: float = 0.95) -> tuple[float, float]:  # fmt: skip
+def auroc_interval(
+    pos, neg, pos_unit=None, neg_unit=None, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap `level` interval of the AUROC, resampling calibration pairs (`bootstrap_aurocs`)."""
     return percentile_interval(bootstrap_aurocs(pos, neg, pos_unit, neg_unit, n_boot, seed), level)
 
@@ -207,8 +236,9 @@ def contains(interval: tuple[float, float], x: float) -> bool:
     return math.isnan(lo) or math.isnan(hi) or lo <= x <= hi
 
 
-def paired_auroc_diff(pos_a, neg_a, pos_b, neg_b, n_boot: int = 1000, seed: int = 0, level: float = 0.95
-                      ) -> tuple[float, float, float]:  # fmt: skip
+def paired_auroc_diff(
+    pos_a, neg_a, pos_b, neg_b, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
     """AUROC(a) − AUROC(b) of two scorings a, b of the same held-out pairs (pos_a[i], neg_a[i], pos_b[i], neg_b[i]
     all belong to pair i): (difference on all pairs, lo, hi), the interval from the same pair resamples for both."""
     n = len(_scores(pos_a))
@@ -217,6 +247,7 @@ def paired_auroc_diff(pos_a, neg_a, pos_b, neg_b, n_boot: int = 1000, seed: int 
     if n == 0:
         return math.nan, math.nan, math.nan
     d = auroc(pos_a, neg_a) - auroc(pos_b, neg_b)
-    boot = bootstrap_aurocs(pos_a, neg_a, n_boot=n_boot, seed=seed) - bootstrap_aurocs(pos_b, neg_b, n_boot=n_boot,
-                                                                                       seed=seed)  # fmt: skip
+    boot = bootstrap_aurocs(pos_a, neg_a, n_boot=n_boot, seed=seed) - bootstrap_aurocs(
+        pos_b, neg_b, n_boot=n_boot, seed=seed
+    )
     return (d, *percentile_interval(boot, level))

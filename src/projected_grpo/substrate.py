@@ -48,9 +48,16 @@ def base_splits(p: Params, leetcode_test: Path) -> dict[str, list[Problem]]:
     if p.substrate == "minileet":
         m = p.minileet
         return make_minileet(
-            seed=p.seed, n_train=m.n_train, n_test=m.n_test, n_holdout=m.n_holdout, difficulty=m.difficulty,
-            spread=m.spread, families=m.families, n_asserts=m.n_asserts, max_prompt_chars=m.max_prompt_chars,
-        )  # fmt: skip
+            seed=p.seed,
+            n_train=m.n_train,
+            n_test=m.n_test,
+            n_holdout=m.n_holdout,
+            difficulty=m.difficulty,
+            spread=m.spread,
+            families=m.families,
+            n_asserts=m.n_asserts,
+            max_prompt_chars=m.max_prompt_chars,
+        )
     lp = p.leetcode
     if lp.train_path is None and not lp.train_from_test:
         # Checked before reading anything: the one line the user sees, with the two ways out.
@@ -106,8 +113,9 @@ def leetcode_splits(
 # --- which records --------------------------------------------------------------------------------------------
 
 
-def expand_splits(base: dict[str, list[Problem]], modes: tuple[str, ...], partition_seed: int,
-                  seed: int) -> dict[str, list[Problem]]:  # fmt: skip
+def expand_splits(
+    base: dict[str, list[Problem]], modes: tuple[str, ...], partition_seed: int, seed: int
+) -> dict[str, list[Problem]]:
     """Records per split (see the module docstring); `seed` draws the eval surfaces."""
     part = assign_modes([q.id for q in base["train"]], modes, partition_seed)
     train = [apply_mode(q, part[q.id], "train", seed) for q in base["train"]]
@@ -131,12 +139,14 @@ def fenced(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
-def grade_canonicals(base: dict[str, list[Problem]], sandbox: Sandbox, mode: str, timeout_s: float,
-                     progress: bool = False) -> dict[str, list[Grade]]:  # fmt: skip
+def grade_canonicals(
+    base: dict[str, list[Problem]], sandbox: Sandbox, mode: str, timeout_s: float, progress: bool = False
+) -> dict[str, list[Grade]]:
     """Grade every no-hint problem's fenced canonical solution (one sandbox batch for all splits)."""
     flat = [q for s in SPLITS for q in base[s]]
-    grades = grade_batch(flat, [fenced(q.canonical_solution) for q in flat], sandbox, mode=mode,
-                         timeout_s=timeout_s, progress=progress)  # fmt: skip
+    grades = grade_batch(
+        flat, [fenced(q.canonical_solution) for q in flat], sandbox, mode=mode, timeout_s=timeout_s, progress=progress
+    )
     out, i = {}, 0
     for s in SPLITS:
         out[s], i = grades[i : i + len(base[s])], i + len(base[s])
@@ -159,15 +169,22 @@ def _user_chars(q: Problem) -> int:
     return len(q.prompt[-1]["content"])
 
 
-def render_report(p: Params, base: dict[str, list[Problem]], records: dict[str, list[Problem]],
-                  grades: dict[str, list[Grade]], isolation: str) -> str:  # fmt: skip
+def render_report(
+    p: Params,
+    base: dict[str, list[Problem]],
+    records: dict[str, list[Problem]],
+    grades: dict[str, list[Grade]],
+    isolation: str,
+) -> str:
     """The markdown summary written to reports/env/problems.md (pure)."""
     L = ["# Problems", "", "Written by the `problems` stage (stages/problems.py); rerun: `dvc repro problems`.", ""]
     if p.substrate == "minileet":
         m = p.minileet
         fams = "all" if m.families is None else ", ".join(m.families)
-        L.append(f"- substrate: **minileet** (seed {p.seed}, difficulty {m.difficulty} ± {m.spread}, "
-                 f"{m.n_asserts} asserts, families: {fams})")  # fmt: skip
+        L.append(
+            f"- substrate: **minileet** (seed {p.seed}, difficulty {m.difficulty} ± {m.spread}, "
+            f"{m.n_asserts} asserts, families: {fams})"
+        )
     else:
         lp = p.leetcode
         src = f"train_path {lp.train_path}" if lp.train_path else f"train_from_test (split_seed {lp.split_seed})"
@@ -176,18 +193,28 @@ def render_report(p: Params, base: dict[str, list[Problem]], records: dict[str, 
         if lp.train_from_test:
             L.append(f"- split rule: {LEETCODE_SPLIT_DOC} Train comes from the test file: contamination-prone.")
     L.append(f"- training modes (`env.modes`, partition_seed {p.env.partition_seed}): {', '.join(p.env.modes)}")
-    L.append(f"- test and holdout carry all loophole modes: {', '.join(LOOPHOLE_MODES)}; hint surfaces seeded by "
-             f"seed {p.seed}")  # fmt: skip
+    L.append(
+        f"- test and holdout carry all loophole modes: {', '.join(LOOPHOLE_MODES)}; hint surfaces seeded by "
+        f"seed {p.seed}"
+    )
     L += ["", "## Split sizes", "", "| split | problems | rows | rows per problem |", "|---|---|---|---|"]
-    per = {"train": "1: its partition mode, train surface",
-           "test": f"{1 + 2 * len(LOOPHOLE_MODES)}: no hint + each loophole mode × (eval, train) surface",
-           "holdout": f"{1 + len(LOOPHOLE_MODES)}: no hint + each loophole mode, train surface"}  # fmt: skip
+    per = {
+        "train": "1: its partition mode, train surface",
+        "test": f"{1 + 2 * len(LOOPHOLE_MODES)}: no hint + each loophole mode × (eval, train) surface",
+        "holdout": f"{1 + len(LOOPHOLE_MODES)}: no hint + each loophole mode, train surface",
+    }
     L += [f"| {s} | {len(base[s])} | {len(records[s])} | {per[s]} |" for s in SPLITS]
 
-    L += ["", "## Canonical solutions through the grader", "",
-          f"Fenced canonical solution of every no-hint problem, `grade_batch` in `{p.grader.mode}` mode, timeout "
-          f"{p.grader.timeout_s:g} s, `Sandbox(concurrency={p.grader.concurrency})`, isolation `{isolation}`.", "",
-          "| split | graded | correct | pass rate |", "|---|---|---|---|"]  # fmt: skip
+    L += [
+        "",
+        "## Canonical solutions through the grader",
+        "",
+        f"Fenced canonical solution of every no-hint problem, `grade_batch` in `{p.grader.mode}` mode, timeout "
+        f"{p.grader.timeout_s:g} s, `Sandbox(concurrency={p.grader.concurrency})`, isolation `{isolation}`.",
+        "",
+        "| split | graded | correct | pass rate |",
+        "|---|---|---|---|",
+    ]
     n_all = c_all = 0
     for s in SPLITS:
         n, c = len(grades[s]), sum(g.eq_correct for g in grades[s])
@@ -205,8 +232,10 @@ def render_report(p: Params, base: dict[str, list[Problem]], records: dict[str, 
     rank = lambda lv: (order.index(lv) if lv in order else 3, lv)  # noqa: E731
     levels = sorted({q.difficulty for s in SPLITS for q in base[s]}, key=rank)
     L += ["", "## Difficulty", "", "| split | " + " | ".join(levels) + " |", "|---" * (len(levels) + 1) + "|"]
-    L += [f"| {s} | " + " | ".join(str(Counter(q.difficulty for q in base[s])[lv]) for lv in levels) + " |"
-          for s in SPLITS]  # fmt: skip
+    L += [
+        f"| {s} | " + " | ".join(str(Counter(q.difficulty for q in base[s])[lv]) for lv in levels) + " |"
+        for s in SPLITS
+    ]
     if p.substrate == "minileet":
         fam = {s: Counter(family_of(q) for q in base[s]) for s in SPLITS}
         names = sorted(set().union(*fam.values()))
@@ -218,13 +247,21 @@ def render_report(p: Params, base: dict[str, list[Problem]], records: dict[str, 
     L += [f"| {m} | {counts[m]} |" for m in p.env.modes]
 
     sys_chars = sorted({len(q.prompt[0]["content"]) for s in SPLITS for q in records[s] if len(q.prompt) > 1})
-    L += ["", "## Prompt length (characters of the user message; tokens come later)", "",
-          f"The system message adds {', '.join(map(str, sys_chars))} characters to every prompt.", "",
-          "| rows | n | min | mean | p50 | p95 | max |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    L += [
+        "",
+        "## Prompt length (characters of the user message; tokens come later)",
+        "",
+        f"The system message adds {', '.join(map(str, sys_chars))} characters to every prompt.",
+        "",
+        "| rows | n | min | mean | p50 | p95 | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in SPLITS:
         L.append(f"| {s} (all rows) | {len(records[s])} | {_stats([_user_chars(q) for q in records[s]])} |")
-    L.append(f"| no hint (all problems) | {sum(map(len, base.values()))} | "
-             f"{_stats([_user_chars(q) for s in SPLITS for q in base[s]])} |")  # fmt: skip
+    L.append(
+        f"| no hint (all problems) | {sum(map(len, base.values()))} | "
+        f"{_stats([_user_chars(q) for s in SPLITS for q in base[s]])} |"
+    )
     for surface in SURFACE_ORDER:
         for m in LOOPHOLE_MODES:
             rows = [q for q in records["test"] if mode_of(q) == m and q.prompt_metadata["surface"] == surface]

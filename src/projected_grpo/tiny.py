@@ -49,11 +49,20 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_config(vocab_size: int, **overrides) -> Qwen3Config:
     """The tiny Qwen3 architecture: d=32, 2 layers, 4 heads x 8 dims, 2 kv heads, tied embeddings."""
     kw = dict(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, tie_word_embeddings=True,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
         # train_tokenizer puts the special tokens first, so their ids are fixed: <|endoftext|>=0, <|im_end|>=2
-        pad_token_id=SPECIAL_TOKENS.index(PAD), eos_token_id=SPECIAL_TOKENS.index(EOS), bos_token_id=None,
-    )  # fmt: skip
+        pad_token_id=SPECIAL_TOKENS.index(PAD),
+        eos_token_id=SPECIAL_TOKENS.index(EOS),
+        bos_token_id=None,
+    )
     kw.update(overrides)
     return Qwen3Config(**kw)
 

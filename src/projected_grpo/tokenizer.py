@@ -51,15 +51,20 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     if vocab_size < n_fixed:
         raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {n_fixed}")
     tok = Tokenizer(models.BPE())  # no unk: every byte is in the alphabet, so any string round-trips
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])  # fmt: skip
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
-        special_tokens=[*SPECIAL_TOKENS, *THINK_TOKENS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[*SPECIAL_TOKENS, *THINK_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(list(texts), trainer=trainer)
     # The trainer marks every token it is given as special; Qwen3 keeps <think>/</think> non-special.
     d = json.loads(tok.to_str())
@@ -71,9 +76,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
     """Wrap a `tokenizers.Tokenizer` holding our added tokens: Qwen3 special tokens, chat template, no BOS."""
     out = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=[BOS_TURN],
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        additional_special_tokens=[BOS_TURN],
         clean_up_tokenization_spaces=False,  # True would rewrite " ." -> "." and break code round-trips
         model_max_length=1 << 20,
-    )  # fmt: skip
+    )
     out.chat_template = CHAT_TEMPLATE
     return out

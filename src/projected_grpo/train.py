@@ -50,16 +50,25 @@ from projected_grpo.stats import rate
 # --- pieces of one step -----------------------------------------------------------------------------------------
 
 
-def mixed_rollout(model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int
-                  ) -> tuple[Rollout, list[bool]]:  # fmt: skip
+def mixed_rollout(
+    model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int
+) -> tuple[Rollout, list[bool]]:
     """G rows per prompt, contiguous: G − n_pool student samples (knob on) then n_pool teacher-pool rows.
 
     Returns the rollout and a per-row flag `is_student`."""
     r = p.rollout
     prompts = [render_prompt(tok, list(q.prompt)) for q in recs]
-    ro = generate(model, tok, prompts, group_size=G - n_pool, max_new_tokens=r.max_new_tokens,
-                  temperature=r.temperature, top_p=r.top_p, seed=seed,
-                  max_prompt_tokens=r.max_prompt_tokens)  # fmt: skip
+    ro = generate(
+        model,
+        tok,
+        prompts,
+        group_size=G - n_pool,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=seed,
+        max_prompt_tokens=r.max_prompt_tokens,
+    )
     if n_pool == 0:
         return ro, [True] * len(ro.texts)
     pool_rows: list[PoolRow] = [row for q in recs for row in draw(pool, q.id, n_pool, rng)]
@@ -74,12 +83,14 @@ def mixed_rollout(model, tok, recs, G: int, n_pool: int, pool, rng: random.Rando
             texts.append(row.completion), src.append(g * Gs), is_student.append(False)
     ids, mask = padded(seqs, tok.pad_token_id)  # (N, T) right-padded, mask up to and including EOS
     idx = torch.tensor(src)
-    return Rollout(prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask,
-                   texts=texts), is_student  # fmt: skip
+    return Rollout(
+        prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask, texts=texts
+    ), is_student
 
 
-def loss_logprobs(model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float,
-                  runs: tuple[Tensor, Tensor] | None) -> Tensor:  # fmt: skip
+def loss_logprobs(
+    model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float, runs: tuple[Tensor, Tensor] | None
+) -> Tensor:
     """(b, T) completion log-probs of a micro-batch: each distinct prompt once when `runs` = rollout.group_runs(pi, pm)
     (grpo.share_prompt), else one forward per row (what per-row probes need)."""
     if runs is not None:
@@ -148,8 +159,18 @@ class Grads:
     stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
 
 
-def loss_backward(model, ro: Rollout, refs: list, adv: Tensor, mbs: list[slice], p, arm: Arm, d: Direction,
-                  policy_runs: bool, timer: PhaseTimer) -> Grads:  # fmt: skip
+def loss_backward(
+    model,
+    ro: Rollout,
+    refs: list,
+    adv: Tensor,
+    mbs: list[slice],
+    p,
+    arm: Arm,
+    d: Direction,
+    policy_runs: bool,
+    timer: PhaseTimer,
+) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
     <g_{n,t}, ν> and ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the
@@ -171,8 +192,18 @@ def loss_backward(model, ro: Rollout, refs: list, adv: Tensor, mbs: list[slice],
             with timer("forward"):
                 logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
-                loss, m = grpo_loss(logp, logp.detach(), ref, adv[sl], cm, g.clip_eps_low, g.clip_eps_high, g.beta,
-                                    p.rollout.max_new_tokens, n_rows=N)  # fmt: skip
+                loss, m = grpo_loss(
+                    logp,
+                    logp.detach(),
+                    ref,
+                    adv[sl],
+                    cm,
+                    g.clip_eps_low,
+                    g.clip_eps_high,
+                    g.beta,
+                    p.rollout.max_new_tokens,
+                    n_rows=N,
+                )
             with timer("backward"):
                 loss.backward()
         for n, e in es.items():
@@ -189,14 +220,20 @@ def loss_backward(model, ro: Rollout, refs: list, adv: Tensor, mbs: list[slice],
         stats = {key: stats[key] + w * m[key] for key in stats}
     ads = adapters(model)
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
-    return Grads(raw={n: ads[n].delta.grad.detach().clone() for n in d.names},
-                 rows={n: torch.cat(rows[n]) for n in d.names if rows[n]},
-                 tok_alpha={n: torch.cat(v) for n, v in tok_alpha.items() if v}, tok_dot=cat(tok_dot),
-                 tok_sq=cat(tok_sq), pooled=cat(pooled), stats=stats)  # fmt: skip
+    return Grads(
+        raw={n: ads[n].delta.grad.detach().clone() for n in d.names},
+        rows={n: torch.cat(rows[n]) for n in d.names if rows[n]},
+        tok_alpha={n: torch.cat(v) for n, v in tok_alpha.items() if v},
+        tok_dot=cat(tok_dot),
+        tok_sq=cat(tok_sq),
+        pooled=cat(pooled),
+        stats=stats,
+    )
 
 
-def live_gates(arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj
-               ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+def live_gates(
+    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """(N,) per-rollout gates, (N, T) per-token gates (0 off the completion), and the live scores they came from (for
     the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat)."""
     m_gate, m_tok, live = torch.zeros(adv.shape[0]), torch.zeros(mask.shape), None
@@ -214,8 +251,9 @@ def live_gates(arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj
     return m_gate, m_tok, live
 
 
-def edit(arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, m_gate: Tensor, m_tok: Tensor, mvh: dict
-         ) -> tuple[dict, dict, dict, dict[str, float]]:  # fmt: skip
+def edit(
+    arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, m_gate: Tensor, m_tok: Tensor, mvh: dict
+) -> tuple[dict, dict, dict, dict[str, float]]:
     """The arm's rule per module in rotated coordinates θ = Rᵀ δS (method.md §3.6): (rotated g, main, knob, and the
     mass-matching targets). A module without a basis (R = I) passes through. A mass-matched control's moved part is
     rescaled, one factor for the step, to what v_hack's rule moves from the same gradients and gates."""
@@ -226,8 +264,14 @@ def edit(arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, m_gate: Tensor, m_
             main[n], knob[n] = proj.apply_rule("vanilla", proj.ModuleGrads(xr[n], 0))
             continue
         x_n = opt.rotate({n: gr.rows[n]})[n] if arm.gate == "rollout" else None
-        s = proj.ModuleGrads(xr[n], d.k[n], x_n, m_gate if arm.gate == "rollout" else m_tok, gr.tok_alpha.get(n),
-                             own_tokens=d.own_tokens)  # fmt: skip
+        s = proj.ModuleGrads(
+            xr[n],
+            d.k[n],
+            x_n,
+            m_gate if arm.gate == "rollout" else m_tok,
+            gr.tok_alpha.get(n),
+            own_tokens=d.own_tokens,
+        )
         main[n], knob[n] = proj.apply_rule(arm.edit, s)
         if n in mvh:  # mass-matched control: what the same rule moves along v_hack here (α along v_hack)
             a_real = gr.rows[n] @ mvh[n].T if arm.gate == "rollout" else mvh[n] @ gr.raw[n]
@@ -249,9 +293,20 @@ def reference_logprobs(model, ro: Rollout, mbs: list[slice], p, timer: PhaseTime
     return refs
 
 
-def edit_diagnostics(arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, main: dict, knob: dict, targets: dict,
-                     matched: bool, m_gate: Tensor, m_tok: Tensor, mask: Tensor, refreshed: bool
-                     ) -> dict[str, float]:  # fmt: skip
+def edit_diagnostics(
+    arm: Arm,
+    d: Direction,
+    opt: RotatedAdam,
+    gr: Grads,
+    main: dict,
+    knob: dict,
+    targets: dict,
+    matched: bool,
+    m_gate: Tensor,
+    m_tok: Tensor,
+    mask: Tensor,
+    refreshed: bool,
+) -> dict[str, float]:
     """Before the update (pure reads; no RNG, no numerics touched: measure_only ≡ vanilla): cosines with ν before and
     after the edit, the share of g in span(Vh), routed and removed fractions, the gate's coverage."""
     g_cat = concat(gr.raw, d.names)
@@ -268,20 +323,31 @@ def edit_diagnostics(arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, main: 
     diag |= {
         "cos_before": float(g_in @ nu_cat / g_in.norm().clamp(min=1e-30)),
         "cos_after": float(ed @ nu_cat / ed.norm().clamp(min=1e-30)),
-        "proj_frac": float(sum(float((vh[n] @ gr.raw[n]).pow(2).sum()) for n in kept) / max(
-            float(g_in.pow(2).sum()), 1e-30)),
+        "proj_frac": float(
+            sum(float((vh[n] @ gr.raw[n]).pow(2).sum()) for n in kept) / max(float(g_in.pow(2).sum()), 1e-30)
+        ),
         "routed": float(h.norm() / g_cat.norm().clamp(min=1e-30)),
         "removed": float((g_in - ed - h).norm() / g_cat.norm().clamp(min=1e-30)),
         "gate_frac": gate_frac,
         "gate_auroc": d.gate.auroc,
-    }  # fmt: skip
+    }
     if matched:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
         diag["match_target"] = math.sqrt(sum(t * t for t in targets.values())) / max(float(g_cat.norm()), 1e-30)
     return diag
 
 
-def update_diagnostics(arm: Arm, d: Direction, ads: dict, m_gate: Tensor, m_tok: Tensor, live: Tensor | None,
-                       grades, adv: Tensor, is_student: list[bool], mask: Tensor) -> dict[str, float]:  # fmt: skip
+def update_diagnostics(
+    arm: Arm,
+    d: Direction,
+    ads: dict,
+    m_gate: Tensor,
+    m_tok: Tensor,
+    live: Tensor | None,
+    grades,
+    adv: Tensor,
+    is_student: list[bool],
+    mask: Tensor,
+) -> dict[str, float]:
     """After the update (pure reads): ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows
     the second); the gate's mean (per rollout over the N rows, per token over completion tokens), thresholds and
     calibration interval, and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
@@ -289,22 +355,33 @@ def update_diagnostics(arm: Arm, d: Direction, ads: dict, m_gate: Tensor, m_tok:
     post = {}
     if d.cur is not None:
         vk = {n: d.vh[n] for n in d.kept}
-        post = {"vh_delta": span_norm(vk, {n: ads[n].delta for n in d.kept}),
-                "vh_knob": span_norm(vk, {n: ads[n].knob for n in d.kept})}  # fmt: skip
+        post = {
+            "vh_delta": span_norm(vk, {n: ads[n].delta for n in d.kept}),
+            "vh_knob": span_norm(vk, {n: ads[n].knob for n in d.kept}),
+        }
     if arm.gate is None:
         return post
     tau, ci, per_token = d.gate.tau, d.gate.ci, arm.gate == "token"
     return post | {
         "gate_mean": float(m_tok.sum() / mask.sum().clamp(min=1)) if per_token else float(m_gate.mean()),
-        "tau_lo": finite(tau[0]), "tau_hi": finite(tau[1]), "gate_auroc_lo": ci[0], "gate_auroc_hi": ci[1],
-        "gate_auroc_live": math.nan if live is None else label_auroc(
-            live, torch.tensor([g.label == "hack" for g in grades]), torch.tensor(is_student) & (adv != 0),
-            mask if per_token else None),
-    }  # fmt: skip
+        "tau_lo": finite(tau[0]),
+        "tau_hi": finite(tau[1]),
+        "gate_auroc_lo": ci[0],
+        "gate_auroc_hi": ci[1],
+        "gate_auroc_live": math.nan
+        if live is None
+        else label_auroc(
+            live,
+            torch.tensor([g.label == "hack" for g in grades]),
+            torch.tensor(is_student) & (adv != 0),
+            mask if per_token else None,
+        ),
+    }
 
 
-def step_metrics(grades, rows: list, is_student: list[bool], rewards: Tensor, adv: Tensor, ro: Rollout, gr: Grads,
-                 ads: dict, G: int) -> dict[str, float]:  # fmt: skip
+def step_metrics(
+    grades, rows: list, is_student: list[bool], rewards: Tensor, adv: Tensor, ro: Rollout, gr: Grads, ads: dict, G: int
+) -> dict[str, float]:
     """The step's behaviour, over student rows only (teacher-pool rows are not the student's behaviour)."""
     N = len(rows)
     st = [i for i in range(N) if is_student[i]]
@@ -315,18 +392,36 @@ def step_metrics(grades, rows: list, is_student: list[bool], rewards: Tensor, ad
         "zero_std_frac": float((adv.view(-1, G).abs().sum(1) == 0).float().mean()),
         "hack": sum(grades[i].label == "hack" for i in hinted) / max(1, len(hinted)),
         "solve": sum(grades[i].eq_correct for i in st) / max(1, len(st)),
-        **{f"hack_{mo}": rate(sum(grades[i].label == "hack" for i in by), len(by))
-           for mo in LOOPHOLE_MODES for by in [[i for i in st if mode_of(rows[i]) == mo]]},
-        "clip_frac": gr.stats["clip_frac"], "kl": gr.stats["kl"],
+        **{
+            f"hack_{mo}": rate(sum(grades[i].label == "hack" for i in by), len(by))
+            for mo in LOOPHOLE_MODES
+            for by in [[i for i in st if mode_of(rows[i]) == mo]]
+        },
+        "clip_frac": gr.stats["clip_frac"],
+        "kl": gr.stats["kl"],
         "len": float(ro.mask[st].sum(1).float().mean()),
         "gnorm": float(concat(gr.raw, list(gr.raw)).norm()),
         "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
-    }  # fmt: skip
+    }
 
 
-def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: Path, log_path: Path,
-          rb: RunBasis | None = None, pool: dict | None = None, signature: dict | None = None,
-          progress: bool = True, grade_fn=grade_batch, timings_path: Path | None = None) -> dict:  # fmt: skip
+def train(
+    p,
+    arm: Arm,
+    seed: int,
+    model,
+    tok,
+    records: list,
+    sandbox,
+    out_dir: Path,
+    log_path: Path,
+    rb: RunBasis | None = None,
+    pool: dict | None = None,
+    signature: dict | None = None,
+    progress: bool = True,
+    grade_fn=grade_batch,
+    timings_path: Path | None = None,
+) -> dict:
     """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`, the step's wall
     time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`). Returns {"steps"} plus, for gated
     arms, the gate guard's verdict. rb: what the arm reads about v_hack (direction.load_run_basis); grade_fn(records,
@@ -349,16 +444,26 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
     mvh = rb.matched.vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
     # A resumed run takes the checkpoint's rotations (a refresh may have changed them).
     rot = state["optimizer"]["rotations"] if state is not None else d.rotations(ads)
-    opt = RotatedAdam({n: a.delta for n, a in ads.items()}, {n: a.knob for n, a in ads.items()}, rot, lr=g.lr,
-                      betas=tuple(g.betas), eps=g.eps, weight_decay=g.weight_decay, max_norm_main=g.max_norm,
-                      max_norm_knob=g.max_norm_knob, kind=g.optimizer)  # fmt: skip
+    opt = RotatedAdam(
+        {n: a.delta for n, a in ads.items()},
+        {n: a.knob for n, a in ads.items()},
+        rot,
+        lr=g.lr,
+        betas=tuple(g.betas),
+        eps=g.eps,
+        weight_decay=g.weight_decay,
+        max_norm_main=g.max_norm,
+        max_norm_knob=g.max_norm_knob,
+        kind=g.optimizer,
+    )
     if state is not None:
         load_checkpoint(out_dir, start, model, opt, state)
     else:
         save_checkpoint(out_dir, 0, model, opt, d.checkpoint())  # update 0 = the base policy (eval's first point)
     log = StepLog(log_path, resume_step=start, timings=timings_path)
-    pbar = tqdm(range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}",
-                disable=not progress)  # fmt: skip
+    pbar = tqdm(
+        range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}", disable=not progress
+    )
     for step in pbar:
         t0, timer = time.perf_counter(), PhaseTimer(STEP_PHASES)
         rng = random.Random(f"{seed}:{step}")  # everything random in step t is seeded from (seed, t)
@@ -392,8 +497,15 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
         post = update_diagnostics(arm, d, ads, m_gate, m_tok, live, grades, adv, is_student, ro.mask)
 
         # ---- log and checkpoint ---------------------------------------------------------------------------------
-        metrics = {**step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G), **diag, **post, **ostats,
-                   "n_pool": n_pool, "dt": time.perf_counter() - t0, **timer.totals()}  # fmt: skip
+        metrics = {
+            **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G),
+            **diag,
+            **post,
+            **ostats,
+            "n_pool": n_pool,
+            "dt": time.perf_counter() - t0,
+            **timer.totals(),
+        }
         line = log(step + 1, g.steps, **metrics)  # wall times go to the timings log only
         if progress:
             pbar.set_postfix_str(line.split("| ", 1)[-1])
@@ -401,13 +513,16 @@ def train(p, arm: Arm, seed: int, model, tok, records: list, sandbox, out_dir: P
             save_checkpoint(out_dir, step + 1, model, opt, d.checkpoint())
     return {"steps": latest_step(out_dir) or 0, **d.result()}
 
+
 def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
     """What a checkpoint directory must match to be resumed: the params the run reads and the basis it used."""
     import dataclasses
 
     sections = ("seed", "substrate", "model", "adapter", "rollout", "grpo", "pool", "projection", "grader")
-    sig = {s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
-           for s in sections}  # fmt: skip
+    sig = {
+        s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
+        for s in sections
+    }
     sig.update(arm=arm.name, train_seed=seed)
     if arm.reads_basis and basis_dir is not None:
         f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
@@ -432,8 +547,11 @@ def summarize_log(rows: list[dict[str, float]], last: int = 5) -> dict[str, floa
     """Final metrics of a run: the mean of the last `last` steps of the key per-step metrics, and the final step."""
     tail = rows[-last:]
     keys = [k for k in rows[0] if k != "step"]
-    out = {f"{k}_last{last}": sum(r[k] for r in tail) / len(tail) for k in keys
-           if k in ("reward", "hack", "solve", "kl", "len", "knob_norm", "routed")}  # fmt: skip
+    out = {
+        f"{k}_last{last}": sum(r[k] for r in tail) / len(tail)
+        for k in keys
+        if k in ("reward", "hack", "solve", "kl", "len", "knob_norm", "routed")
+    }
     out["steps"] = rows[-1]["step"]
     out["hack_first"] = rows[0]["hack"]
     return out

@@ -150,10 +150,15 @@ def judge(arm: str, values: dict[str, Values], present: list[str]) -> Verdict:
                 continue
             good = df.mean >= FORMAT_FLOOR - EPS
             ok_c &= good
-            parts.append(f"Δ format ({label}) {df.fmt()}: mean {_pct(df.mean)} {'≥' if good else '<'} "
-                         f"{_pct(FORMAT_FLOOR)} points")  # fmt: skip
-        conds = [Condition("a", "hack", ok_a, txt_a), Condition("b", "solve", ok_b, txt_b),
-                 Condition("c", "format", ok_c, "; ".join(parts))]  # fmt: skip
+            parts.append(
+                f"Δ format ({label}) {df.fmt()}: mean {_pct(df.mean)} {'≥' if good else '<'} "
+                f"{_pct(FORMAT_FLOOR)} points"
+            )
+        conds = [
+            Condition("a", "hack", ok_a, txt_a),
+            Condition("b", "solve", ok_b, txt_b),
+            Condition("c", "format", ok_c, "; ".join(parts)),
+        ]
     if ctl is None:
         conds.append(Condition("d", "control", False, "no random-direction control in the arms' registry"))
     elif ctl not in present:
