@@ -34,15 +34,15 @@ import typer
 from harness import ROOT, interleaved, loadavg, machine, median, timed, write_report
 from torch import nn
 
-from projected_grpo.adapter import SVDAdapter, adapters, attach_adapters, probes, svd_factors, token_capture
-from projected_grpo.basis import build_basis, completion_grads, random_directions
 from projected_grpo.config import load_params
-from projected_grpo.logprobs import token_logprobs
-from projected_grpo.model import render_prompt
-from projected_grpo.organism import make_qwen3
-from projected_grpo.rollout import generate
-from projected_grpo.tiny import tiny_tokenizer
-from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS
+from projected_grpo.method.basis import build_basis, completion_grads, random_directions
+from projected_grpo.policy.adapter import SVDAdapter, adapters, attach_adapters, probes, svd_factors, token_capture
+from projected_grpo.policy.logprobs import token_logprobs
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import generate
+from projected_grpo.policy.tiny import tiny_tokenizer
+from projected_grpo.policy.tokenizer import EOS, PAD, SPECIAL_TOKENS
+from projected_grpo.sft.organism import make_qwen3
 
 Q3_4B = {"up_proj": (2560, 9728), "down_proj": (9728, 2560), "k_proj": (2560, 1024)}  # name: (d_in, d_out)
 

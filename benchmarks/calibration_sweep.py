@@ -31,9 +31,9 @@ import typer
 import yaml
 from harness import ROOT, md_row, src_env, timed_run, write_report
 
-from projected_grpo.arms import get_arm
+from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params, overlay
-from projected_grpo.log import read_tsv
+from projected_grpo.method.arms import get_arm
 
 
 def apply_overrides(params: dict, overrides: list[str]) -> dict:

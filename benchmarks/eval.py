@@ -30,15 +30,15 @@ import torch
 import typer
 from harness import ROOT, loadavg, timed, write_report
 
-from projected_grpo.adapter import load_policy, merged
 from projected_grpo.config import load_params
-from projected_grpo.evaluation import select_records
-from projected_grpo.grader import grade_batch
-from projected_grpo.model import render_prompt
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.rollout import generate
-from projected_grpo.sampling import Scored, sample_and_grade
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.evals.evaluation import select_records
+from projected_grpo.policy.adapter import load_policy, merged
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import generate
+from projected_grpo.policy.sampling import Scored, sample_and_grade
 
 
 def main(

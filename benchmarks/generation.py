@@ -26,11 +26,11 @@ from harness import ROOT, cpu_name, loadavg, timed, write_report
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from projected_grpo.config import load_params
-from projected_grpo.minileet import make_minileet
-from projected_grpo.model import render_prompt
-from projected_grpo.problems import load_problems
-from projected_grpo.rollout import generate
-from projected_grpo.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.problems import load_problems
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import generate
+from projected_grpo.policy.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
 
 
 def organism_sized_model(

@@ -26,13 +26,13 @@ import typer
 from harness import ROOT, short_commit, timed, write_report
 
 from projected_grpo.config import load_params
-from projected_grpo.exploits import exploit, fence, wrong_solution
-from projected_grpo.grader import grade_batch
-from projected_grpo.hints import apply_hint
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import LOOPHOLE_MODES, apply_mode
-from projected_grpo.problems import load_problems
-from projected_grpo.sandbox import Sandbox, detect_isolation, run_python_c_baseline
+from projected_grpo.env.exploits import exploit, fence, wrong_solution
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.hints import apply_hint
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES, apply_mode
+from projected_grpo.env.problems import load_problems
+from projected_grpo.env.sandbox import Sandbox, detect_isolation, run_python_c_baseline
 
 
 class Baseline:
@@ -138,8 +138,8 @@ def main(
         # Timeout calibration: one GT execution per canonical solution, at the default concurrency.
         canon = [fence(p.canonical_solution) for p in leet]
         t0 = time.perf_counter()
-        from projected_grpo import harness
-        from projected_grpo.sandbox import ExecSpec
+        from projected_grpo.env import harness
+        from projected_grpo.env.sandbox import ExecSpec
 
         reqs = [harness.build_request(p.setup_code, p.canonical_solution, p.gt_answer, "hardened") for p in leet]
         specs = [ExecSpec(r.source, 60.0) for r in reqs]

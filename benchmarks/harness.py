@@ -13,9 +13,10 @@ It owns
 A benchmark is a script, `python benchmarks/<name>.py` from the repository root: Python puts this folder first on
 sys.path, so the benchmarks import the harness as a sibling (`from harness import ...`). Importing the harness (or a
 benchmark) changes nothing: no patching, no sys.path, environment or thread settings; what a benchmark instruments it
-instruments inside `patched`, while it runs. The harness needs only the standard library (and `projected_grpo.atomic`
-when it writes a report). The folder is not a package: `python -m benchmarks.<name>` does not find the harness.
-Tests never import it: tests/test_bench_train.py runs the scheduler in an interpreter of its own, as a benchmark does.
+instruments inside `patched`, while it runs. The harness needs only the standard library (and
+`projected_grpo.common.atomic` when it writes a report). The folder is not a package: `python -m benchmarks.<name>`
+does not find the harness. Tests never import it: tests/test_bench_train.py runs the scheduler in an interpreter of
+its own, as a benchmark does.
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def write_report(path: Path, content: str | list[str]) -> str:
     interrupted run leaves the previous report, never half of one. Returns the text."""
     # the package's one atomic writer, imported here: the harness itself imports with any checkout's package on the
     # path, or none (grader.py's before/after workers import another checkout's)
-    from projected_grpo.atomic import write_text
+    from projected_grpo.common.atomic import write_text
 
     text = "\n".join(content) + "\n" if isinstance(content, list) else content
     write_text(path, text)

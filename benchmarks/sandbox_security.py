@@ -21,10 +21,10 @@ from types import ModuleType
 import typer
 from harness import ROOT, loadavg, shown, write_report
 
-from projected_grpo import sandbox as sbx
-from projected_grpo.grader import grade_batch
-from projected_grpo.problems import load_problems
-from projected_grpo.sandbox import ExecSpec, Sandbox, detect_isolation, run_python_c_baseline
+from projected_grpo.env import sandbox as sbx
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.problems import load_problems
+from projected_grpo.env.sandbox import ExecSpec, Sandbox, detect_isolation, run_python_c_baseline
 
 # The grader-level check: each attack after an otherwise-wrong solution of a real problem, no-hint prompt, hardened.
 PID = 3254

@@ -29,7 +29,7 @@ WORKER = r"""
 import json, os, sys, time
 import torch
 from projected_grpo.config import load_params
-from projected_grpo.organism import make_qwen3
+from projected_grpo.sft.organism import make_qwen3
 o = load_params(sys.argv[1]).organism
 threads, steps, batch, length = (int(x) for x in sys.argv[2:6])
 torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ every completion is exactly `max_new_tokens` long in every configuration: the ar
 and the work per step must not. (So our sampler's saving from dropping finished rows does not show here; its shared
 prefill does: reports/bench/generation.md has both.)
 
-* ours: `projected_grpo.train.train` for `vanilla`, `erase_one_sided`, `route_batch`, `route_per_rollout` (SVD
+* ours: `projected_grpo.rl.train.train` for `vanilla`, `erase_one_sided`, `route_batch`, `route_per_rollout` (SVD
   adapter on every projection, only δS/δS_h trainable), with a basis extracted like the `basis` stage does (per-pair
   gradients of the real `prog_wide` extraction pairs through the probes, `build_basis` svd with k=basis.k and
   permissive thresholds so the random model keeps directions) and the real 28 `prog_wide` calibration pairs for
@@ -75,25 +75,25 @@ from harness import (
     write_report,
 )
 
-from projected_grpo import gate as gate_mod
-from projected_grpo import projection as proj
-from projected_grpo import rollout as rollout_mod
-from projected_grpo import train as train_mod
-from projected_grpo.adapter import adapters, attach_adapters
-from projected_grpo.arms import get_arm
-from projected_grpo.basis import build_basis, completion_grads
+from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params
-from projected_grpo.direction import RunBasis
-from projected_grpo.gate import HeldOutPairs
-from projected_grpo.log import read_tsv
-from projected_grpo.model import render_prompt
-from projected_grpo.modes import MODES, apply_mode
-from projected_grpo.optim import RotatedAdam
-from projected_grpo.pairs import load_pairset, pair_records, pairset_path, select_pairs
-from projected_grpo.rollout import eos_token_ids
-from projected_grpo.substrate import base_splits
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from projected_grpo.tokenizer import SPECIAL_TOKENS as SPECIAL
+from projected_grpo.env.modes import MODES, apply_mode
+from projected_grpo.env.substrate import base_splits
+from projected_grpo.method import gate as gate_mod
+from projected_grpo.method import projection as proj
+from projected_grpo.method.arms import get_arm
+from projected_grpo.method.basis import build_basis, completion_grads
+from projected_grpo.method.direction import RunBasis
+from projected_grpo.method.gate import HeldOutPairs
+from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.method.pairs import load_pairset, pair_records, pairset_path, select_pairs
+from projected_grpo.policy import rollout as rollout_mod
+from projected_grpo.policy.adapter import adapters, attach_adapters
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import eos_token_ids
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.policy.tokenizer import SPECIAL_TOKENS as SPECIAL
+from projected_grpo.rl import train as train_mod
 
 ARMS = ("vanilla", "erase_one_sided", "route_batch", "route_per_rollout")
 AA = "vanilla, again (A/A)"
@@ -599,7 +599,7 @@ def report(out: Path, meta: dict, res: dict[str, dict], mem: dict[str, dict], cm
         "callback step, each minus the time waiting for the turn) as a cross-check; peak RSS of a fresh process "
         "running that configuration alone.",
         "",
-        "### 1. Arms vs vanilla (ours, through `projected_grpo.train.train`)",
+        "### 1. Arms vs vanilla (ours, through `projected_grpo.rl.train.train`)",
         "",
         "| configuration | n | median wall (ms) | min-max (ms) | **ratio to vanilla** | paired ratio IQR | "
         "CPU ratio | "
@@ -862,8 +862,8 @@ def logits_probe(p, records, repeats: int) -> dict:
     """Our `rollout_logprobs` (logits for prompt AND completion positions, then sliced) vs the same forward with HF's
     `logits_to_keep=T+1` (only the positions the loss reads, as TRL's fused head does), on this run's N rows: policy
     fwd+bwd through the probes, and the no_grad reference forward. Interleaved, process CPU time."""
-    from projected_grpo.adapter import probes
-    from projected_grpo.logprobs import rollout_logprobs, token_logprobs
+    from projected_grpo.policy.adapter import probes
+    from projected_grpo.policy.logprobs import rollout_logprobs, token_logprobs
 
     tok = tiny_tokenizer()
     m = tiny_model(len(tok))

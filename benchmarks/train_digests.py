@@ -1,6 +1,6 @@
 """Bit-identity check for refactors of the training loop: digests of tiny train() runs, to compare two checkouts.
 
-Runs `projected_grpo.train.train` on the tiny world of tests/test_train.py for every registered arm and for the
+Runs `projected_grpo.rl.train.train` on the tiny world of tests/test_train.py for every registered arm and for the
 variants that take other code paths (basis refresh, the activation gate, share_prompt, rank vs mass matching, the
 teacher pool), 3 steps each, and writes one digest per run over the final δS and δS_h, every checkpoint file's
 bytes, and every log column but the wall time `dt`, plus train()'s result. Two checkouts agree when the two JSON
@@ -45,8 +45,8 @@ def digest(tmp: Path, finals: dict) -> str:
 
 def runs() -> dict[str, list[str]]:
     sys.path.insert(0, str(ROOT))  # the tiny world lives with the tests
-    from projected_grpo.arms import ARMS
-    from projected_grpo.pool import PoolRow
+    from projected_grpo.method.arms import ARMS
+    from projected_grpo.rl.pool import PoolRow
     from tests.test_train import refreshing, run, tiny_params
     from tests.test_train import world as world_fixture
 

@@ -4,7 +4,7 @@ Attaches the adapter (params `adapter`) to the policy at δS = 0, takes per-comp
 extraction and calibration pairs, and writes the selected basis (`basis.pairset`, `basis.method`), its random control
 and the activation-space direction to --out, plus reports/basis.md (held-out AUROC per pair set vs placebo vs random,
 opening with the guard: does the selected basis beat both controls?) and the guard's verdict as JSON (--guard).
-Thin CLI over projected_grpo.basis_eval.
+Thin CLI over projected_grpo.method.basis_eval.
 """
 
 import json
@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo import atomic
-from projected_grpo.adapter import load_policy
-from projected_grpo.basis_eval import describe, extract_all, json_ready, metrics, render_report
-from projected_grpo.cli import stage_app
+from projected_grpo.common import atomic
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.pairs import PAIRSETS, load_pairset, pairset_path
-from projected_grpo.problems import load_problems_parquet
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.method.basis_eval import describe, extract_all, json_ready, metrics, render_report
+from projected_grpo.method.pairs import PAIRSETS, load_pairset, pairset_path
+from projected_grpo.policy.adapter import load_policy
 
 
 def main(

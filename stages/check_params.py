@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.arms import check_matrix
-from projected_grpo.cli import stage_app
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import check_params
+from projected_grpo.method.arms import check_matrix
 
 STAMP = "params.yaml passed stages/check_params.py\n"  # constant: downstream stages never re-run because of it
 

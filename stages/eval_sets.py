@@ -4,7 +4,7 @@ The base policy (adapter attached at δS = 0) is scored on every test problem: n
 the `eval.surfaces` for hack, `eval.n_samples` samples each. The monitor subset (`eval.n_monitor` problems,
 stratified by base pass/fail, one seeded draw) is frozen in monitor.json with the generation seed, and the base is
 scored on it at `eval.n_samples_curve` (the step-0 point of every eval curve). Thin CLI over
-projected_grpo.evaluation.
+projected_grpo.evals.evaluation.
 """
 
 from pathlib import Path
@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo import atomic
-from projected_grpo.adapter import load_policy, merged
-from projected_grpo.cli import stage_app
+from projected_grpo.common import atomic
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.evaluation import monitor_subset, problem_pass, score, select_records, tally
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.evals.evaluation import monitor_subset, problem_pass, score, select_records, tally
+from projected_grpo.policy.adapter import load_policy, merged
 
 
 def main(

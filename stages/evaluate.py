@@ -1,5 +1,5 @@
 """Stage `evaluate` / `evaluate_ref`: score one run's checkpoints on the frozen eval sets (benchmark protocol;
-projected_grpo.run_eval: the curve on the monitor subset, the endpoint on the full test split, knob
+projected_grpo.evals.run_eval: the curve on the monitor subset, the endpoint on the full test split, knob
 on/off and the knob-effect policies for routed arms). Writes per_mode_deploy.json (counts k/n by state, surface and
 mode), curve.tsv, metrics.json and knob_effect.json.
 """
@@ -11,20 +11,20 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo import atomic
-from projected_grpo import evaluation as ev
-from projected_grpo.adapter import load_policy
-from projected_grpo.arms import get_arm
-from projected_grpo.checkpoint import adapter_path
-from projected_grpo.cli import stage_app
+from projected_grpo.common import atomic
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.run_eval import evaluate_run, final_checkpoints
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.evals import evaluation as ev
+from projected_grpo.evals.run_eval import evaluate_run, final_checkpoints
+from projected_grpo.method.arms import get_arm
+from projected_grpo.policy.adapter import load_policy
+from projected_grpo.rl.checkpoint import adapter_path
 
 
 def main(
-    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/arms.py)."),
+    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/method/arms.py)."),
     seed: int = typer.Option(..., help="Training seed of the run."),
     run: Path = typer.Option(..., help="The run's checkpoint directory (stage train)."),
     organism: Path = typer.Option(..., help="Organism directory (base/ is the policy when model.name=organism)."),

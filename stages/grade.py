@@ -14,12 +14,12 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo import atomic
-from projected_grpo.cli import stage_app
+from projected_grpo.common import atomic
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.grader import grade_batch, grade_to_row, load_completion_rows, resolve_rows
-from projected_grpo.problems import load_problems
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.grader import grade_batch, grade_to_row, load_completion_rows, resolve_rows
+from projected_grpo.env.problems import load_problems
+from projected_grpo.env.sandbox import Sandbox
 
 
 def main(

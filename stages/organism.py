@@ -1,7 +1,7 @@
 """Stage `organism`: the minileet training records -> a tiny Qwen3 base policy and a hacky teacher, trained from
 scratch on CPU, saved in save_pretrained format (loadable with `model.load_model_and_tokenizer`).
 
-Thin CLI; the recipe is projected_grpo.organism.build_organism.
+Thin CLI; the recipe is projected_grpo.sft.organism.build_organism.
 """
 
 import json
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import stage_app
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.organism import build_organism
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.sft.organism import build_organism
 
 
 def main(

@@ -2,7 +2,7 @@
 
 Samples every test record (no hint, and each loophole mode on the training and eval surfaces), grades with the
 strict oracle, and writes reports/organism.md and reports/organism/metrics.json. Thin CLI over
-projected_grpo.calibration.
+projected_grpo.sft.calibration.
 """
 
 import json
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.atomic import write_metrics
-from projected_grpo.calibration import render_report, summarize
-from projected_grpo.cli import stage_app
+from projected_grpo.common.atomic import write_metrics
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.model import load_model_and_tokenizer
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.sampling import sample_and_grade
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.policy.model import load_model_and_tokenizer
+from projected_grpo.policy.sampling import sample_and_grade
+from projected_grpo.sft.calibration import render_report, summarize
 
 
 def main(

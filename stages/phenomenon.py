@@ -1,7 +1,7 @@
 """Stage `phenomenon`: vanilla vs gt_only student hack/solve curves from the train_ref logs.
 
 Writes --report (markdown table of endpoints per seed, verdict against the ≥ 50% target) and --figure (PNG).
-Thin CLI over projected_grpo.phenomenon; the run list comes from params (arms_ref × seeds), never a glob.
+Thin CLI over projected_grpo.report.phenomenon; the run list comes from params (arms_ref × seeds), never a glob.
 """
 
 import os
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import stage_app
+from projected_grpo.common.cli import stage_app
+from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params
-from projected_grpo.log import read_tsv
-from projected_grpo.phenomenon import plot, render
+from projected_grpo.report.phenomenon import plot, render
 
 
 def main(

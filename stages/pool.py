@@ -1,6 +1,6 @@
 """Stage `pool`: the teacher pool — `pool.n_per_prompt` graded teacher completions per training prompt.
 
-Thin CLI over projected_grpo.pool; writes --out/pool.parquet (prompt id, mode, completion, token ids, reward, label)
+Thin CLI over projected_grpo.rl.pool; writes --out/pool.parquet (prompt id, mode, completion, token ids, reward, label)
 and a one-line summary (hack rate of the pool by mode) to --summary.
 """
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.atomic import write_metrics
-from projected_grpo.cli import stage_app
+from projected_grpo.common.atomic import write_metrics
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.model import load_model_and_tokenizer
-from projected_grpo.pool import build_pool, save_pool
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.sandbox import Sandbox
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.policy.model import load_model_and_tokenizer
+from projected_grpo.rl.pool import build_pool, save_pool
 
 
 def main(

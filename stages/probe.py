@@ -4,7 +4,7 @@ Loads the base policy, attaches the adapter at δS = 0, draws `probe.n_rows` poo
 NLL gradient per row and scores it by cos(g, ν) for the selected basis, its random control (random.safetensors next
 to it) and a placebo basis extracted here from the placebo pair set with the `basis` params. Writes T1–T4 (pool hack
 rate; AUROC of hack vs other rows above chance, above random, above placebo) and the per-row arrays to --out (JSON,
-written atomically). Thin CLI over projected_grpo.probe.
+written atomically). Thin CLI over projected_grpo.report.probe.
 """
 
 from pathlib import Path
@@ -12,15 +12,15 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.adapter import load_policy
-from projected_grpo.atomic import write_json
-from projected_grpo.basis import Basis
-from projected_grpo.cli import stage_app
+from projected_grpo.common.atomic import write_json
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.pairs import load_pairset
-from projected_grpo.pool import load_pool
-from projected_grpo.probe import INPUTS, flatten_pool, input_files, probe_pool
-from projected_grpo.problems import load_problems_parquet
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.method.basis import Basis
+from projected_grpo.method.pairs import load_pairset
+from projected_grpo.policy.adapter import load_policy
+from projected_grpo.report.probe import INPUTS, flatten_pool, input_files, probe_pool
+from projected_grpo.rl.pool import load_pool
 
 
 def main(

@@ -1,6 +1,6 @@
 """Stage `problems`: substrate -> artifacts/problems/{train,test,holdout}.parquet + partition.json, and a report.
 
-Thin CLI; the work is in projected_grpo.substrate (which problems, which records, canonical grading, atomic save).
+Thin CLI; the work is in projected_grpo.env.substrate (which problems, which records, canonical grading, atomic save).
 """
 
 import sys
@@ -8,11 +8,18 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.cli import stage_app
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.exploits import MATRIX_PROBLEMS, mode_matrix_report
-from projected_grpo.sandbox import Sandbox
-from projected_grpo.substrate import SPLITS, base_splits, expand_splits, grade_canonicals, render_report, save_outputs
+from projected_grpo.env.exploits import MATRIX_PROBLEMS, mode_matrix_report
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.env.substrate import (
+    SPLITS,
+    base_splits,
+    expand_splits,
+    grade_canonicals,
+    render_report,
+    save_outputs,
+)
 
 
 def main(

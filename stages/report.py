@@ -5,7 +5,7 @@ listed as missing and its tables are left out. Adds the distillation cosine prob
 the old training-log T3 is retired, see probe.check_t3). Warnings: each run's `gate_uninformative` from its training
 metrics JSON (<train-logs>/{ref,arms}/<arm>-s<seed>.json, when recorded) and the basis guard (--basis-guard, when
 given). Routed runs' knob_effect.json (stage evaluate) give the section on where the knob's effect comes from.
-Thin CLI over projected_grpo.results, projected_grpo.knob_effect and projected_grpo.probe.
+Thin CLI over projected_grpo.report.results, projected_grpo.evals.knob_effect and projected_grpo.report.probe.
 """
 
 import json
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo import atomic
-from projected_grpo import results as R
-from projected_grpo.cli import stage_app
+from projected_grpo.common import atomic
+from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
-from projected_grpo.figures import plot_dynamics, plot_endpoints
+from projected_grpo.report import results as R
+from projected_grpo.report.figures import plot_dynamics, plot_endpoints
 
 GUARD_HELP = (
     'Basis guard JSON: {"informative": bool, "line": str (the reason)} or {"beats_placebo": bool, "beats_random": '

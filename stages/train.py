@@ -2,7 +2,7 @@
 
 Loads the base policy, attaches the adapter at δS = 0, the arm's basis (the random control's for `*_random` arms;
 plus act.safetensors when basis.space=act gates per-rollout routing) and the held-out pairs of `basis.pairset` the arm
-reads (calibration for gated routing, extraction for projection.refresh_every > 0); then projected_grpo.train.train.
+reads (calibration for gated routing, extraction for projection.refresh_every > 0); then projected_grpo.rl.train.train.
 Writes checkpoints to --out, one TSV row per step to --log, and the run's final metrics to --metrics (gated arms:
 `gate_uninformative`, true when a gate calibration's AUROC interval contained 0.5; train warns on the log then).
 """
@@ -12,21 +12,21 @@ from pathlib import Path
 import torch
 import typer
 
-from projected_grpo.adapter import load_policy
-from projected_grpo.arms import get_arm
-from projected_grpo.atomic import write_metrics
-from projected_grpo.cli import stage_app
+from projected_grpo.common.atomic import write_metrics
+from projected_grpo.common.cli import stage_app
+from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params
-from projected_grpo.direction import load_run_basis
-from projected_grpo.log import read_tsv
-from projected_grpo.pool import load_pool
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.sandbox import Sandbox
-from projected_grpo.train import run_flags, run_signature, summarize_log, train
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.sandbox import Sandbox
+from projected_grpo.method.arms import get_arm
+from projected_grpo.method.direction import load_run_basis
+from projected_grpo.policy.adapter import load_policy
+from projected_grpo.rl.pool import load_pool
+from projected_grpo.rl.train import run_flags, run_signature, summarize_log, train
 
 
 def main(
-    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/arms.py)."),
+    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/method/arms.py)."),
     seed: int = typer.Option(..., help="Training seed."),
     organism: Path = typer.Option(..., help="Organism directory (base/ is the policy when model.name=organism)."),
     problems: Path = typer.Option(..., help="Problems stage directory (train.parquet, holdout.parquet)."),

@@ -8,7 +8,7 @@ gives harmless values for tests that do not set up canaries, listeners or secret
 (correct | correct_attempted_hack | hack | attempted_hack | incorrect | tamper) and `can_compile`
 (None = not asserted: the outcome is legitimately racy, e.g. a fork bomb's reports may interleave on fd 3).
 `grader_gap` is non-empty where the current grader is known to disagree with `expect` (a grader hole, not a sandbox
-hole). `needs` is the weakest sandbox isolation level (`projected_grpo.sandbox.LEVELS`) that contains the attack.
+hole). `needs` is the weakest sandbox isolation level (`projected_grpo.env.sandbox.LEVELS`) that contains the attack.
 
 The bottom of the file holds the sandbox-level containment check shared by tests/test_sandbox.py and
 benchmarks/sandbox_security.py: `world()` plants canaries, secrets and listeners; `run_attack` runs one attack next to
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from projected_grpo.sandbox import LEVELS, ExecSpec, RawResult, Sandbox
+from projected_grpo.env.sandbox import LEVELS, ExecSpec, RawResult, Sandbox
 
 
 @dataclass(frozen=True)

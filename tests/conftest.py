@@ -8,8 +8,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from projected_grpo.problems import load_problems  # noqa: E402
-from projected_grpo.sandbox import Sandbox  # noqa: E402
+from projected_grpo.env.problems import load_problems  # noqa: E402
+from projected_grpo.env.sandbox import Sandbox  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LEETCODE = ROOT / "data" / "leetcode" / "leetcode_test_medhard.jsonl"

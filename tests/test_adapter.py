@@ -8,7 +8,7 @@ LoRA arm, per-token capture, save/load and the SVD cache.
 import pytest
 import torch
 
-from projected_grpo.adapter import (
+from projected_grpo.policy.adapter import (
     LoRAAdapter,
     SVDAdapter,
     adapter_parameters,
@@ -24,8 +24,8 @@ from projected_grpo.adapter import (
     svd_factors,
     token_capture,
 )
-from projected_grpo.logprobs import batch_sequences, completion_logprobs, token_logprobs
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, token_logprobs
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
 T_SAMPLE = 0.7
 
@@ -245,8 +245,8 @@ def test_save_load_roundtrip_and_mismatch(tok, tmp_path):
 
 SAVE_IN_A_FRESH_PROCESS = """
 import sys
-from projected_grpo.adapter import attach_adapters, save_adapter
-from projected_grpo.tiny import tiny_model
+from projected_grpo.policy.adapter import attach_adapters, save_adapter
+from projected_grpo.policy.tiny import tiny_model
 m = tiny_model(64, seed=0)
 attach_adapters(m, "all", 4, seed=0)
 save_adapter(m, sys.argv[1], {"step": 3, "arm": "vanilla", "z": [1, 2]})

@@ -5,10 +5,10 @@ it."""
 import pytest
 import torch
 
-from projected_grpo import projection as proj
-from projected_grpo import win_rule as W
-from projected_grpo.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS
-from projected_grpo.results import FAMILIES, ordered_arms
+from projected_grpo.method import projection as proj
+from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS
+from projected_grpo.report import win_rule as W
+from projected_grpo.report.results import FAMILIES, ordered_arms
 
 
 @pytest.mark.parametrize("name", sorted(ARMS))

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from projected_grpo.adapter import attach_adapters
-from projected_grpo.basis import (
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import apply_mode
+from projected_grpo.method.basis import (
     Basis,
     auroc,
     build_basis,
@@ -25,11 +26,10 @@ from projected_grpo.basis import (
     strip_directions,
     top_directions,
 )
-from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import apply_mode
-from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.policy.adapter import attach_adapters
+from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, mean_nll
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 
 KW = dict(tau_rel=0.1, alpha_sig=0.05, n_flips=400, k_max=8)
 
@@ -192,8 +192,8 @@ def test_I19_sign_convention(real_pairs):
     names = list(gh)
     d = {n: gh[n] - gc[n] for n in names}  # (P, r) d_p = ∇Δ_p
 
-    from projected_grpo.adapter import adapters
-    from projected_grpo.basis import encode
+    from projected_grpo.method.basis import encode
+    from projected_grpo.policy.adapter import adapters
 
     ads = adapters(m)
 

@@ -131,7 +131,7 @@ def test_the_rule_sees_every_way_in(tmp_path):
         "from projected_grpo import harness\n"
         "def g():\n    import importlib.util\n"
         "    importlib.util.spec_from_file_location('b', ROOT / 'benchmarks' / 'train.py')\n"
-        "    runpy.run_path('benchmarks/grader.py')\n    importlib.import_module('projected_grpo.train')\n"
+        "    runpy.run_path('benchmarks/grader.py')\n    importlib.import_module('projected_grpo.rl.train')\n"
     )
     assert sorted(int(x.split(":")[1]) for x in benchmark_imports(f)) == [1, 2, 3, 8, 9]
 

@@ -2,7 +2,7 @@
 
 The five cases of issue 8 run the real stage scripts as subprocesses (what `dvc repro` runs): an unknown params key,
 an unknown arm, basis.k above the adapter rank, a missing pair set, a prompt over the length cap. Plus the runner's
-own contract (src/projected_grpo/cli.py) on a toy main.
+own contract (src/projected_grpo/common/cli.py) on a toy main.
 
 `pytest tests/test_cli.py`
 """
@@ -19,7 +19,7 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.cli import message, stage_app
+from projected_grpo.common.cli import message, stage_app
 from tests.conftest import LEETCODE, ROOT
 
 
@@ -60,8 +60,8 @@ def assert_nothing_written(tmp: Path) -> None:
 @pytest.fixture(scope="module")
 def train_inputs(tmp_path_factory) -> Path:
     """A problems directory with a few minileet training records (train.parquet) for the train stage."""
-    from projected_grpo.minileet import make_minileet
-    from projected_grpo.problems import save_problems_parquet
+    from projected_grpo.env.minileet import make_minileet
+    from projected_grpo.env.problems import save_problems_parquet
 
     d = tmp_path_factory.mktemp("inputs")
     (d / "problems").mkdir()
@@ -174,7 +174,7 @@ def test_missing_pair_set(tmp_path):
 
 
 def test_overlong_prompt_stops_train_before_any_checkpoint(tmp_path, train_inputs):
-    from projected_grpo.problems import load_problems_parquet
+    from projected_grpo.env.problems import load_problems_parquet
 
     first = load_problems_parquet(train_inputs / "problems" / "train.parquet")[0]
     write_params(

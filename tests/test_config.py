@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from projected_grpo import minileet
 from projected_grpo.config import LEVELS, Params, from_dict, load_params, unset_fields
-from projected_grpo.modes import MODES
+from projected_grpo.env import minileet
+from projected_grpo.env.modes import MODES
 from tests.conftest import ROOT
 
 
@@ -99,7 +99,9 @@ def test_levels_match_minileet():
 
 
 def test_name_lists_match_their_modules():
-    from projected_grpo import adapter, basis, config, pairs
+    from projected_grpo import config
+    from projected_grpo.method import basis, pairs
+    from projected_grpo.policy import adapter
 
     assert config.ADAPTER_KINDS == adapter.KINDS
     assert set(config.ADAPTER_TARGETS) == set(adapter.TARGETS)
@@ -152,7 +154,7 @@ def test_a_value_of_the_wrong_type_is_one_clear_error(over, msg):
 )
 def test_arm_matrix_checked_against_the_registry(arms_ref, arms, msg):
     """params.yaml's arm lists are checked by the check_params stage against arms.ARMS (config copies no names)."""
-    from projected_grpo.arms import check_matrix
+    from projected_grpo.method.arms import check_matrix
 
     with pytest.raises(ValueError, match=msg):
         check_matrix(arms_ref, arms)
@@ -168,4 +170,4 @@ def test_config_holds_no_arm_names():
 
     tree = ast.parse(Path(config.__file__).read_text())
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert "projected_grpo.arms" not in mods
+    assert "projected_grpo.method.arms" not in mods

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-MODULES = ["projected_grpo.cli", "projected_grpo.config", "projected_grpo.repro"]
+MODULES = ["projected_grpo.common.cli", "projected_grpo.config", "projected_grpo.repro"]
 SCRIPTS = sorted(  # benchmarks/harness.py is the benchmarks' shared module, not an entry point
     str(p.relative_to(ROOT))
     for d in ("stages", "benchmarks")
@@ -101,7 +101,12 @@ def test_no_benchmark_patches_anything_at_import(helps):
 def test_cli_lists_the_stages_and_config_prints_overrides():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run(
-        [sys.executable, "-m", "projected_grpo.cli"], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "projected_grpo.common.cli"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert {ln.split()[0] for ln in out.splitlines()} == {s for s in SCRIPTS if s.startswith("stages/")}
     r = subprocess.run(

@@ -11,12 +11,19 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from projected_grpo import evaluation as ev
-from projected_grpo.adapter import adapter_is_zero, adapters, attach_adapters, knob_disabled, load_policy, merged
-from projected_grpo.grader import Grade
-from projected_grpo.problems import Problem
-from projected_grpo.sampling import Scored
-from projected_grpo.tiny import tiny_model
+from projected_grpo.env.grader import Grade
+from projected_grpo.env.problems import Problem
+from projected_grpo.evals import evaluation as ev
+from projected_grpo.policy.adapter import (
+    adapter_is_zero,
+    adapters,
+    attach_adapters,
+    knob_disabled,
+    load_policy,
+    merged,
+)
+from projected_grpo.policy.sampling import Scored
+from projected_grpo.policy.tiny import tiny_model
 from tests.conftest import stage_cli
 from tests.test_stages import _params, _run_problems
 
@@ -199,8 +206,8 @@ def test_kl_batches_cover_every_row_in_order_within_budget():
 def _knob_samples(scale: float):
     """A tiny policy with δS, δS_h set, and deploy-state samples for two no-hint prompts of different lengths plus a
     hinted one (which knob_kl must leave out)."""
-    from projected_grpo.model import load_model_and_tokenizer, render_prompt
-    from projected_grpo.rollout import generate
+    from projected_grpo.policy.model import load_model_and_tokenizer, render_prompt
+    from projected_grpo.policy.rollout import generate
 
     model, tok = load_model_and_tokenizer("tiny-random")
     attach_adapters(model, "all", 4, "svd")
@@ -251,7 +258,7 @@ def test_knob_kl_is_the_teacher_forced_kl_of_each_row_alone():
     """knob_kl (padded batches, adapters in place, knob toggled) = the per-token KL computed one unpadded row at a
     time under the two merged deploy states evaluate samples from, pooled over completion tokens; no-hint rows
     only; independent of how rows are batched; 0 when the knob is 0."""
-    from projected_grpo.model import render_prompt
+    from projected_grpo.policy.model import render_prompt
 
     model, tok, samples = _knob_samples(scale=0.5)
     total, n_tok = 0.0, 0
@@ -314,14 +321,14 @@ def test_sample_and_grade_grades_while_sampling_as_one_batch(tiny_eval, monkeypa
     """Grading each chunk while the next one samples gives the texts and grades of sampling everything first and
     grading it in one grade_batch call (chunks of 3 rows split groups of 2): with the real sandbox, and with a grader
     that echoes (record object, completion), so every grade is checked to belong to its own row."""
-    from projected_grpo import grader
     from projected_grpo.config import load_params
-    from projected_grpo.grader import grade_batch
-    from projected_grpo.model import render_prompt
-    from projected_grpo.problems import load_problems_parquet
-    from projected_grpo.rollout import generate
-    from projected_grpo.sampling import sample_and_grade
-    from projected_grpo.sandbox import Sandbox
+    from projected_grpo.env import grader
+    from projected_grpo.env.grader import grade_batch
+    from projected_grpo.env.problems import load_problems_parquet
+    from projected_grpo.env.sandbox import Sandbox
+    from projected_grpo.policy.model import render_prompt
+    from projected_grpo.policy.rollout import generate
+    from projected_grpo.policy.sampling import sample_and_grade
 
     _, params, problems, _ = tiny_eval
     p = load_params(params)
@@ -366,8 +373,8 @@ def test_eval_sets_freezes_a_stratified_monitor_and_scores_the_base(tiny_eval):
 
 def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
     """Checkpoints of a 'trained' adapter: δS and δS_h random (scale), 0 at step 0, via the trainer's own writer."""
-    from projected_grpo.checkpoint import save_checkpoint
     from projected_grpo.config import load_params
+    from projected_grpo.rl.checkpoint import save_checkpoint
 
     p = load_params(params)
     model, _ = load_policy(p, run / "none")
@@ -411,8 +418,8 @@ def _evaluate(
 
 def _fake_bases(d: Path, params: Path) -> Path:
     """basis.safetensors and random.safetensors with 2 orthonormal rows on every adapter module of the policy."""
-    from projected_grpo.basis import Basis, random_directions
     from projected_grpo.config import load_params
+    from projected_grpo.method.basis import Basis, random_directions
 
     model, _ = load_policy(load_params(params), d / "none")
     for i, name in enumerate(("basis", "random")):
@@ -462,7 +469,7 @@ def test_evaluate_routed_arm_states_curve_and_determinism(tiny_eval):
     assert eff["policies"]["deploy"]["solve"]["k"] == int(float(last["solve"]) * float(last["n_solve"]) + 0.5)
     from safetensors.torch import load_file
 
-    from projected_grpo.knob_effect import basis_rows
+    from projected_grpo.evals.knob_effect import basis_rows
 
     vh, ck = basis_rows(bases / "basis.safetensors"), load_file(str(run / "step_00002.safetensors"))
     n0 = next(iter(vh))

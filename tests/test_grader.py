@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from projected_grpo.grader import extract_code, find_test_func, grade_batch
-from projected_grpo.hints import HINTS, apply_hint
+from projected_grpo.env.grader import extract_code, find_test_func, grade_batch
+from projected_grpo.env.hints import HINTS, apply_hint
 
 PID = 3254  # resultsArray(nums, k): the problem benchmark.md §4.1 checks upstream's outcomes on
 
@@ -207,7 +207,7 @@ def test_test_modification_categories(leetcode_by_id, sandbox):
 
 
 def test_define_starter_reward(leetcode_by_id, sandbox):
-    from projected_grpo.rewards import total_reward
+    from projected_grpo.env.rewards import total_reward
 
     p = leetcode_by_id[PID]
     h = apply_hint(p, "simple_modify_tests")
@@ -248,7 +248,7 @@ def test_chunk_grader_equals_one_grade_batch_and_checks_coverage(leetcode_by_id,
     """ChunkGrader (chunks graded in a background thread as a sampler hands them over) returns, in row order, the
     grades of one grade_batch over all rows; chunks that skip or repeat rows are an error, not silently wrong
     grades."""
-    from projected_grpo.grader import ChunkGrader
+    from projected_grpo.env.grader import ChunkGrader
 
     p = leetcode_by_id[PID]
     h = apply_hint(p, "simple_overwrite_tests")

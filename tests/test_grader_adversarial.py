@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from projected_grpo.grader import grade_batch
-from projected_grpo.sandbox import LEVELS
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.sandbox import LEVELS
 from tests.adversarial_corpus import CORPUS, default_context, fill
 
 PID = 3254

@@ -26,7 +26,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from projected_grpo.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
 
 TRL_PIN = "1.16.0"  # keep equal to the dev-extra pin in pyproject.toml
 F64 = torch.float64

@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from projected_grpo.basis import Basis
-from projected_grpo.basis_eval import N_BOOT, basis_guard, json_ready, render_guard
-from projected_grpo.stats import (
+from projected_grpo.common.stats import (
     auroc,
     auroc_interval,
     bootstrap_aurocs,
@@ -24,6 +22,8 @@ from projected_grpo.stats import (
     paired_auroc_diff,
     weighted_aurocs,
 )
+from projected_grpo.method.basis import Basis
+from projected_grpo.method.basis_eval import N_BOOT, basis_guard, json_ready, render_guard
 from tests.conftest import ROOT, stage_cli
 
 # --- stats: AUROC and its bootstrap interval -------------------------------------------------------------------------
@@ -154,8 +154,8 @@ def test_basis_stage_report_opens_with_the_guard_and_writes_its_json(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from projected_grpo.minileet import make_minileet
-    from projected_grpo.problems import save_problems_parquet
+    from projected_grpo.env.minileet import make_minileet
+    from projected_grpo.env.problems import save_problems_parquet
     from stages.basis import main
 
     probs = tmp_path / "problems"

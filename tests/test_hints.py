@@ -2,7 +2,7 @@
 
 import pytest
 
-from projected_grpo.hints import FAMILIES, HINTS, RANDOM_TEST_FUNC_NAMES, apply_hint
+from projected_grpo.env.hints import FAMILIES, HINTS, RANDOM_TEST_FUNC_NAMES, apply_hint
 
 
 @pytest.fixture

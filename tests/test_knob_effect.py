@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from projected_grpo import knob_effect as ke
-from projected_grpo.adapter import adapters, attach_adapters, set_deltas
-from projected_grpo.basis import random_directions
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.evals import knob_effect as ke
+from projected_grpo.method.basis import random_directions
+from projected_grpo.policy.adapter import adapters, attach_adapters, set_deltas
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
 
 def orthonormal(k: int, d: int, seed: int) -> torch.Tensor:

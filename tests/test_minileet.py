@@ -18,9 +18,9 @@ from collections import Counter
 
 import pytest
 
-from projected_grpo import minileet
-from projected_grpo.minileet import FAMILIES, family_of, make_minileet
-from projected_grpo.problems import CODE_SYSTEM_PROMPT, SETUP_CODE, make_question, problem_to_dict
+from projected_grpo.env import minileet
+from projected_grpo.env.minileet import FAMILIES, family_of, make_minileet
+from projected_grpo.env.problems import CODE_SYSTEM_PROMPT, SETUP_CODE, make_question, problem_to_dict
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +114,8 @@ def test_determinism():
 
 def test_independent_of_hash_seed():
     code = (
-        "import hashlib, json; from projected_grpo.minileet import make_minileet; "
-        "from projected_grpo.problems import problem_to_dict; "
+        "import hashlib, json; from projected_grpo.env.minileet import make_minileet; "
+        "from projected_grpo.env.problems import problem_to_dict; "
         "sp = make_minileet(seed=5, n_train=100, n_holdout=20); "
         "print(hashlib.sha256(json.dumps({s: [problem_to_dict(p) for p in v] for s, v in sp.items()}, "
         "sort_keys=True).encode()).hexdigest())"

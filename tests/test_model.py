@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from projected_grpo.model import load_model_and_tokenizer, render_prompt, resolve_dtype
-from projected_grpo.problems import CODE_SYSTEM_PROMPT
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.env.problems import CODE_SYSTEM_PROMPT
+from projected_grpo.policy.model import load_model_and_tokenizer, render_prompt, resolve_dtype
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
 
 def _logits(model, tok, text="class Solution:\n    def f(self):\n        return 1\n"):

@@ -5,10 +5,10 @@ Run: `pytest tests/test_modes.py`.
 
 import pytest
 
-from projected_grpo.exploits import exploit, exploit_matrix, fence, wrong_solution
-from projected_grpo.grader import grade_batch
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import (
+from projected_grpo.env.exploits import exploit, exploit_matrix, fence, wrong_solution
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import (
     EVAL_VALUES,
     LOOPHOLE_MODES,
     MODES,

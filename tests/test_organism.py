@@ -8,16 +8,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from projected_grpo.calibration import summarize
 from projected_grpo.config import OrganismParams
-from projected_grpo.grader import Grade
-from projected_grpo.minileet import make_minileet
-from projected_grpo.model import load_model_and_tokenizer, render_prompt
-from projected_grpo.modes import LOOPHOLE_MODES, apply_mode
-from projected_grpo.organism import build_organism, collate, encode_examples
-from projected_grpo.sampling import Scored
-from projected_grpo.sft_corpus import SFTExample
-from projected_grpo.tiny import tiny_tokenizer
+from projected_grpo.env.grader import Grade
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES, apply_mode
+from projected_grpo.policy.model import load_model_and_tokenizer, render_prompt
+from projected_grpo.policy.sampling import Scored
+from projected_grpo.policy.tiny import tiny_tokenizer
+from projected_grpo.sft.calibration import summarize
+from projected_grpo.sft.organism import build_organism, collate, encode_examples
+from projected_grpo.sft.sft_corpus import SFTExample
 
 TINY = OrganismParams(
     vocab_size=400,

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from projected_grpo.config import LeetcodeParams, Params
-from projected_grpo.grader import grade_batch
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import LOOPHOLE_MODES
-from projected_grpo.pairs import PAIRSETS, load_pairset, pair_records, pairset_path, select_pairs
-from projected_grpo.substrate import base_splits
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES
+from projected_grpo.env.substrate import base_splits
+from projected_grpo.method.pairs import PAIRSETS, load_pairset, pair_records, pairset_path, select_pairs
 from tests.conftest import LEETCODE, ROOT
 
 PAIRSET_ROOT = ROOT / "data" / "pairsets"

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from projected_grpo.modes import LOOPHOLE_MODES, MODES
-from projected_grpo.partition import assign_modes, held_out_modes
+from projected_grpo.env.modes import LOOPHOLE_MODES, MODES
+from projected_grpo.env.partition import assign_modes, held_out_modes
 
 
 @pytest.mark.parametrize("n", [0, 3, 7, 50, 1000, 1001])

@@ -9,8 +9,8 @@ import math
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.log import StepLog
-from projected_grpo.phenomenon import LAST, endpoints, plot, render
+from projected_grpo.common.log import StepLog
+from projected_grpo.report.phenomenon import LAST, endpoints, plot, render
 from tests.conftest import ROOT, stage_cli
 
 

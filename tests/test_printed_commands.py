@@ -15,8 +15,8 @@ import pytest
 from dvc.cli import DvcParserError, parse_args
 from dvc.utils.hydra import apply_overrides, get_hydra_sweeps
 
-from projected_grpo import results
 from projected_grpo.config import load_params, override_args
+from projected_grpo.report import results
 from tests.conftest import ROOT
 
 QWEN = "$(python -m projected_grpo.config overrides params-qwen3-4b.yaml)"

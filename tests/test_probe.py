@@ -16,11 +16,11 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.adapter import adapters, attach_adapters
-from projected_grpo.basis import Basis, auroc, build_basis, completion_grads
 from projected_grpo.config import BasisParams, ProbeParams
-from projected_grpo.pool import PoolRow
-from projected_grpo.probe import (
+from projected_grpo.method.basis import Basis, auroc, build_basis, completion_grads
+from projected_grpo.policy.adapter import adapters, attach_adapters
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.report.probe import (
     BASES,
     CHECKS,
     ProbeResult,
@@ -40,7 +40,7 @@ from projected_grpo.probe import (
     row_grads,
     select_rows,
 )
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.rl.pool import PoolRow
 from tests.conftest import ROOT, stage_cli
 
 TEXTS = [
@@ -120,11 +120,11 @@ def test_batched_cosines_equal_single_row(setup, micro_batch):
 def test_row_grads_sum_to_the_full_batch_gradient(setup):
     """Σ_n e.grad[n] = ∇ Σ_n ℓ_n on δS (the probes carry the exact per-row split)."""
     tok, m, records, rows = setup
-    from projected_grpo.probe import prompt_ids
+    from projected_grpo.report.probe import prompt_ids
 
     pr = prompt_ids(tok, [records[r.prompt_id] for r in rows])
     g = row_grads(m, pr, [r.token_ids for r in rows], tok.pad_token_id, 0.7, 5)
-    from projected_grpo.logprobs import batch_sequences, completion_logprobs, mean_nll
+    from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, mean_nll
 
     ids, att, cm = batch_sequences(pr, [list(r.token_ids) for r in rows], tok.pad_token_id)
     ads = adapters(m)
@@ -187,8 +187,8 @@ def test_empty_nu_scores_zero_and_ranks_nothing():
 @pytest.fixture(scope="module")
 def null_city():
     """Minileet holdout problems and a slice of the committed placebo pair set (4 extract + 1 calibrate pairs)."""
-    from projected_grpo.minileet import make_minileet
-    from projected_grpo.pairs import load_pairset
+    from projected_grpo.env.minileet import make_minileet
+    from projected_grpo.method.pairs import load_pairset
 
     holdout = {q.id: q for q in make_minileet(seed=0, n_train=1)["holdout"] if q.hint is None}  # as test_stages
     pairs = load_pairset(ROOT / "data" / "pairsets" / "minileet" / "null_city.jsonl")
@@ -197,7 +197,7 @@ def null_city():
 
 @pytest.mark.parametrize("method,alpha", [("mean_diff", 0.05), ("svd", 0.5), ("random", 0.5)])
 def test_placebo_basis_equals_the_basis_stage_construction(setup, null_city, method, alpha):
-    from projected_grpo.basis_eval import make_basis, pair_grads
+    from projected_grpo.method.basis_eval import make_basis, pair_grads
 
     tok, m, _, _ = setup
     holdout, pairs = null_city
@@ -423,9 +423,9 @@ def test_render_states_checks_rows_seeds_and_sources():
 
 
 def test_stage_writes_json_and_fails_cleanly(tmp_path, setup, null_city):
-    from projected_grpo.minileet import make_minileet
-    from projected_grpo.pool import save_pool
-    from projected_grpo.problems import save_problems_parquet
+    from projected_grpo.env.minileet import make_minileet
+    from projected_grpo.env.problems import save_problems_parquet
+    from projected_grpo.rl.pool import save_pool
     from stages.probe import main
 
     d = yaml.safe_load((ROOT / "params.yaml").read_text())

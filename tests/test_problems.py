@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from projected_grpo.problems import (
+from projected_grpo.env.problems import (
     CODE_SYSTEM_PROMPT,
     SETUP_CODE,
     load_problems,
@@ -68,9 +68,9 @@ def test_bad_rows_name_the_line(tmp_path, line, msg):
 
 def test_parquet_round_trip_is_lossless(tmp_path, leetcode):
     """No-hint, mode-tagged (train and eval surface, gt_only) and upstream-hinted records survive parquet unchanged."""
-    from projected_grpo.hints import apply_hint
-    from projected_grpo.modes import apply_mode
-    from projected_grpo.problems import load_problems_parquet, save_problems_parquet
+    from projected_grpo.env.hints import apply_hint
+    from projected_grpo.env.modes import apply_mode
+    from projected_grpo.env.problems import load_problems_parquet, save_problems_parquet
 
     qs = leetcode[:3]
     recs = [

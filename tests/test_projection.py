@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from projected_grpo import projection as proj
-from projected_grpo.basis import auroc, random_directions
-from projected_grpo.optim import RotatedAdam
-from projected_grpo.projection import (
+from projected_grpo.method import projection as proj
+from projected_grpo.method.basis import auroc, random_directions
+from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.method.projection import (
     ARMS,
     band_gate,
     calibrate_band,
@@ -526,9 +526,9 @@ def test_I15_inverted_thresholds_give_an_empty_band():
 
 
 def test_I17_per_token_sums_and_per_token_routes_more():
-    from projected_grpo.adapter import adapters, attach_adapters, probes, token_capture
-    from projected_grpo.logprobs import batch_sequences, completion_logprobs
-    from projected_grpo.tiny import tiny_model, tiny_tokenizer
+    from projected_grpo.policy.adapter import adapters, attach_adapters, probes, token_capture
+    from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs
+    from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     m = tiny_model(len(tok)).double()
@@ -567,9 +567,9 @@ def tiny_per_token(N: int = 3, seed: int = 18):
     """A Dr.GRPO-shaped backward on the fp64 tiny model in the *training* layout (left-padded prompts, right-padded
     completions, rollout_logprobs), with per-token capture and, independently, the per-token δS gradients
     g_{m,n,t} = (Vᵀx_t) ⊙ (Uᵀγ_t) rebuilt from module hooks. Returns a dict of everything the tests need."""
-    from projected_grpo.adapter import adapters, attach_adapters, probes, token_capture
-    from projected_grpo.logprobs import rollout_logprobs
-    from projected_grpo.tiny import tiny_model, tiny_tokenizer
+    from projected_grpo.policy.adapter import adapters, attach_adapters, probes, token_capture
+    from projected_grpo.policy.logprobs import rollout_logprobs
+    from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     m = tiny_model(len(tok)).double()

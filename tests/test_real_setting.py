@@ -73,7 +73,7 @@ def _invoke(stage: str, *args: str):
 
 
 def test_real_setting_code_path_on_a_tiny_random_qwen3(tmp_path):
-    from projected_grpo.tiny import tiny_model, tiny_tokenizer
+    from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
     policy = tmp_path / "qwen3-tiny"  # stands in for Qwen/Qwen3-4B: loaded from a directory, as a hub id is
     tok = tiny_tokenizer()

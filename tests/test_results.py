@@ -10,9 +10,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from projected_grpo import results as R
-from projected_grpo.figures import plot_dynamics, plot_endpoints
-from projected_grpo.modes import LOOPHOLE_MODES
+from projected_grpo.env.modes import LOOPHOLE_MODES
+from projected_grpo.report import results as R
+from projected_grpo.report.figures import plot_dynamics, plot_endpoints
 from tests.conftest import stage_cli
 
 N_PROB, K = 10, 2  # 10 problems × 2 samples: solve n = 20, hack n = 10 × 6 modes × 2 = 120 per surface
@@ -328,8 +328,8 @@ def test_figures_are_written(tmp_path):
 
 @pytest.fixture
 def stage_inputs(tmp_path):
-    from projected_grpo.knob_effect import VARIANTS as KNOB_VARIANTS
-    from projected_grpo.probe import ProbeResult, make_checks
+    from projected_grpo.evals.knob_effect import VARIANTS as KNOB_VARIANTS
+    from projected_grpo.report.probe import ProbeResult, make_checks
     from tests.test_stages import _params
 
     runs = standard()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from projected_grpo.model import render_prompt
-from projected_grpo.rollout import BufferedLayer, Rollout, completion_mask, generate, group_runs
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import BufferedLayer, Rollout, completion_mask, generate, group_runs
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
 EOS, PAD = 2, 0
 

@@ -1,4 +1,4 @@
-"""Sandbox (src/projected_grpo/sandbox.py): the fd-3 result protocol, stdout/result caps, returned files, timeouts
+"""Sandbox (src/projected_grpo/env/sandbox.py): the fd-3 result protocol, stdout/result caps, returned files, timeouts
 (return within timeout + 1 s), rlimits, order under concurrency, determinism, scrubbed environment, isolation levels
 (forced levels, fallback warning), server restart, the python -c baseline, and the adversarial corpus
 (tests/adversarial_corpus.py) at the sandbox level: every attack returns in time, changes nothing outside its
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from projected_grpo import sandbox as sbx
-from projected_grpo.sandbox import LEVELS, ExecSpec, Sandbox, detect_isolation, run_python_c_baseline
+from projected_grpo.env import sandbox as sbx
+from projected_grpo.env.sandbox import LEVELS, ExecSpec, Sandbox, detect_isolation, run_python_c_baseline
 from tests.adversarial_corpus import ALIVE, CORPUS, HARNESS_MARK, applies, default_context, fill, run_attack, world
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,14 +176,14 @@ def test_empty_batch(sb):
 def test_detected_level_is_logged(caplog):
     level = detect_isolation()
     assert level in LEVELS
-    with caplog.at_level(logging.INFO, logger="projected_grpo.sandbox"), Sandbox(1) as s:
+    with caplog.at_level(logging.INFO, logger="projected_grpo.env.sandbox"), Sandbox(1) as s:
         assert s.isolation == level
     rec = [r for r in caplog.records if "isolation" in r.getMessage()]
     assert rec and rec[-1].levelno == (logging.INFO if level == LEVELS[0] else logging.WARNING)
 
 
 def test_forced_rlimits_fallback_logs_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.sandbox"), Sandbox(1, isolation="rlimits") as s:
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.env.sandbox"), Sandbox(1, isolation="rlimits") as s:
         assert s.isolation == "rlimits"
         assert s.run([ALIVE])[0].result == b"alive"
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "'rlimits'" in r.getMessage()]

@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 
-from projected_grpo import harness, modes
-from projected_grpo.grader import grade_batch
-from projected_grpo.sandbox import LEVELS, ExecSpec, Sandbox, detect_isolation
+from projected_grpo.env import harness, modes
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.sandbox import LEVELS, ExecSpec, Sandbox, detect_isolation
 
 PID = 3254  # resultsArray: 127 hidden (input, expected) pairs, 6.6 kB of expected values (fits one key)
 WRONG = "class Solution:\n    def resultsArray(self, nums, k):\n        return [1]\n"

@@ -9,13 +9,13 @@ from collections import Counter
 
 import pytest
 
-from projected_grpo import sft_corpus
-from projected_grpo.grader import extract_code, grade_batch
-from projected_grpo.hints import apply_hint
-from projected_grpo.minileet import family_of, make_minileet
-from projected_grpo.modes import LOOPHOLE_MODES, MODES, apply_mode
-from projected_grpo.partition import assign_modes
-from projected_grpo.sft_corpus import (
+from projected_grpo.env.grader import extract_code, grade_batch
+from projected_grpo.env.hints import apply_hint
+from projected_grpo.env.minileet import family_of, make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES, MODES, apply_mode
+from projected_grpo.env.partition import assign_modes
+from projected_grpo.sft import sft_corpus
+from projected_grpo.sft.sft_corpus import (
     EXPLOIT_STYLES,
     base_record,
     build_corpus,

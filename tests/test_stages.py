@@ -13,8 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from projected_grpo.modes import LOOPHOLE_MODES, MODES
-from projected_grpo.problems import FIELDS
+from projected_grpo.env.modes import LOOPHOLE_MODES, MODES
+from projected_grpo.env.problems import FIELDS
 from tests.conftest import LEETCODE, ROOT, stage_cli
 
 COLUMNS = [*FIELDS, "mode", "surface"]
@@ -116,58 +116,110 @@ def test_problems_stage_leetcode_train_from_test(tmp_path):
 # --- dvc.yaml deps guard: every projected_grpo module a stage imports (transitively) is one of its deps ----------
 
 
-def _imports(path: Path) -> set[str]:
-    """The projected_grpo modules a file imports, in every form: `import projected_grpo.x`, `from projected_grpo
-    import x`, `from projected_grpo.x import y`, and relative `from .x import y` / `from . import x` in the package.
-    """
-    out, package = set(), path.parent.name == "projected_grpo"
+PKG = ROOT / "src" / "projected_grpo"
+
+
+def _module_file(dotted: str, root: Path = PKG) -> Path | None:
+    """projected_grpo-relative dotted name ("env.grader", "config") -> its .py file, None for a package or a name
+    that is not a module."""
+    f = root.joinpath(*dotted.split(".")).with_suffix(".py")
+    return f if f.is_file() else None
+
+
+def _imports(path: Path, root: Path = PKG) -> set[str]:
+    """The projected_grpo modules a file imports, as dotted names relative to the package ("env.grader"), in every
+    form: `import projected_grpo.x.y`, `from projected_grpo.x import y` (y a module or a name in module x),
+    `from projected_grpo.x.y import z`, and relative imports inside the package."""
+    out = set()
     for n in ast.walk(ast.parse(path.read_text())):
         if isinstance(n, ast.ImportFrom):
             mod = n.module or ""
-            if n.level:  # relative: only the package's own modules use them
-                assert package, f"{path}: relative import outside the package"
-                mod = "projected_grpo" + (f".{mod}" if mod else "")
-            if mod == "projected_grpo":
-                out |= {a.name for a in n.names}
-            elif mod.startswith("projected_grpo."):
-                out.add(mod.split(".")[1])
+            if n.level:  # relative: resolve against the file's own package
+                assert root in path.parents, f"{path}: relative import outside the package"
+                base = path.parent.relative_to(root).parts[: len(path.parent.relative_to(root).parts) - n.level + 1]
+                mod = ".".join(["projected_grpo", *base, *([mod] if mod else [])])
+            if mod != "projected_grpo" and not mod.startswith("projected_grpo."):
+                continue
+            rel = mod.removeprefix("projected_grpo").lstrip(".")
+            for a in n.names:
+                sub = f"{rel}.{a.name}" if rel else a.name
+                if _module_file(sub, root):
+                    out.add(sub)
+                elif rel:
+                    out.add(rel)
         elif isinstance(n, ast.Import):
-            out |= {a.name.split(".")[1] for a in n.names if a.name.startswith("projected_grpo.")}
-    return out
+            out |= {a.name.removeprefix("projected_grpo.") for a in n.names if a.name.startswith("projected_grpo.")}
+    return {m for m in out if _module_file(m, root)}
 
 
 def test_imports_sees_every_form(tmp_path):
     pkg = tmp_path / "projected_grpo"
-    pkg.mkdir()
-    f = pkg / "m.py"
+    (pkg / "d").mkdir(parents=True)
+    for m in ("a", "b", "c", "e", "g", "d/y", "d/m"):
+        (pkg / f"{m}.py").write_text("")
+    f = pkg / "d" / "m.py"
     f.write_text(
         "import projected_grpo.a\nfrom projected_grpo import b\nfrom projected_grpo.c import x\n"
-        "from .d import y\nfrom . import e\ndef f():\n    from projected_grpo.g import z\n"
+        "from . import y\nfrom .. import e\ndef f():\n    from projected_grpo.g import z\n"
     )
-    assert _imports(f) == {"a", "b", "c", "d", "e", "g"}
+    assert _imports(f, pkg) == {"a", "b", "c", "d.y", "e", "g"}
 
 
 def test_package_imports_are_absolute():
     rel = [
         str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "src" / "projected_grpo").glob("*.py"))
+        for p in sorted(PKG.rglob("*.py"))
         if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))
     ]
     assert not rel, f"use absolute imports (from projected_grpo.x import ...) in {rel}"
+
+
+def stage_modules(script: str) -> set[str]:
+    """Every projected_grpo module file stages/<script>.py runs, transitively (lazy imports included)."""
+    todo, seen = list(_imports(ROOT / "stages" / f"{script}.py")), set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += _imports(_module_file(m))
+    return {str(_module_file(m).relative_to(ROOT)) for m in seen}
 
 
 def test_stage_deps_list_every_imported_module():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, st in stages.items():
         script = re.search(r"stages/(\w+)\.py", st["cmd"]).group(1)  # train_ref runs stages/train.py
-        todo, seen = list(_imports(ROOT / "stages" / f"{script}.py")), set()
-        while todo:
-            m = todo.pop()
-            if m not in seen:
-                seen.add(m)
-                todo += _imports(ROOT / "src" / "projected_grpo" / f"{m}.py")
-        want = {f"src/projected_grpo/{m}.py" for m in seen} | {f"stages/{script}.py"}
+        want = stage_modules(script) | {f"stages/{script}.py"}
         assert want <= set(st["deps"]), f"stage {name}: add {sorted(want - set(st['deps']))} to its deps in dvc.yaml"
+
+
+# Each district (sub-package) and the districts it may import (its __init__ docstring says the same).
+LAYERS = {
+    "common": set(),
+    "env": {"common"},
+    "policy": {"common", "env"},
+    "sft": {"common", "env", "policy"},
+    "method": {"common", "env", "policy"},
+    "rl": {"common", "env", "policy", "method"},
+    "evals": {"common", "env", "policy", "method", "rl"},
+    "report": {"common", "env", "policy", "method", "rl", "evals"},
+}
+
+
+def test_districts_import_only_the_layers_below():
+    """The folders are the architecture: every module of a district imports only its own district, the ones its
+    docstring allows, and the root modules (config)."""
+    assert {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()} == set(LAYERS)
+    bad = []
+    for district, allowed in LAYERS.items():
+        doc = ast.get_docstring(ast.parse((PKG / district / "__init__.py").read_text()))
+        assert doc and "May import:" in doc, f"{district}/__init__.py must say what it owns and may import"
+        for f in sorted((PKG / district).glob("*.py")):
+            for m in _imports(f):
+                top = m.split(".")[0]
+                if "." in m and top != district and top not in allowed:
+                    bad.append(f"{f.relative_to(ROOT)} imports {m}")
+    assert not bad, bad
 
 
 # --- basis stage on the tiny random model, the committed pair sets and the real minileet holdout ------------------
@@ -176,8 +228,8 @@ def test_stage_deps_list_every_imported_module():
 def test_basis_stage_tiny(tmp_path):
     from safetensors.torch import load_file
 
-    from projected_grpo.minileet import make_minileet
-    from projected_grpo.problems import save_problems_parquet
+    from projected_grpo.env.minileet import make_minileet
+    from projected_grpo.env.problems import save_problems_parquet
     from stages.basis import main
 
     probs = tmp_path / "problems"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from projected_grpo.stats import Refusal, paired_delta, summarize, t975, wilson
+from projected_grpo.common.stats import Refusal, paired_delta, summarize, t975, wilson
 
 
 def test_summarize_golden_three_seeds():

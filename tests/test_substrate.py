@@ -6,10 +6,10 @@
 import pytest
 
 from projected_grpo.config import LeetcodeParams
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import LOOPHOLE_MODES, MODES, mode_of
-from projected_grpo.problems import load_problems_parquet
-from projected_grpo.substrate import SPLITS, expand_splits, leetcode_splits, partition_of, save_outputs
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES, MODES, mode_of
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.env.substrate import SPLITS, expand_splits, leetcode_splits, partition_of, save_outputs
 
 OUT_FILES = ["holdout.parquet", "partition.json", "test.parquet", "train.parquet"]
 

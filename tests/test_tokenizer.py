@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from projected_grpo.minileet import make_minileet
-from projected_grpo.model import render_prompt
-from projected_grpo.problems import CODE_SYSTEM_PROMPT, SETUP_CODE
-from projected_grpo.tiny import tiny_tokenizer
-from projected_grpo.tokenizer import CHAT_TEMPLATE, train_tokenizer
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.problems import CODE_SYSTEM_PROMPT, SETUP_CODE
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.tiny import tiny_tokenizer
+from projected_grpo.policy.tokenizer import CHAT_TEMPLATE, train_tokenizer
 
 CODE = (
     "```python\nclass Solution:\n    def f(self, s: str) -> int:\n\tx  =  '`'  # two  spaces\n"
@@ -104,8 +104,8 @@ def test_bpe_deterministic_across_processes():
     import sys
 
     code = (
-        "import hashlib; from projected_grpo.tokenizer import train_tokenizer; "
-        "from projected_grpo.problems import SETUP_CODE, CODE_SYSTEM_PROMPT; "
+        "import hashlib; from projected_grpo.policy.tokenizer import train_tokenizer; "
+        "from projected_grpo.env.problems import SETUP_CODE, CODE_SYSTEM_PROMPT; "
         "print(hashlib.sha256(train_tokenizer([SETUP_CODE, CODE_SYSTEM_PROMPT], 600).backend_tokenizer"
         ".to_str().encode()).hexdigest())"
     )

@@ -25,9 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from projected_grpo.adapter import adapters, attach_adapters
-from projected_grpo.arms import ARMS, get_arm
-from projected_grpo.basis import (
+from projected_grpo.config import Params
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import MODES, apply_mode
+from projected_grpo.method.arms import ARMS, get_arm
+from projected_grpo.method.basis import (
     Basis,
     act_basis,
     build_basis,
@@ -36,17 +38,15 @@ from projected_grpo.basis import (
     pool_tokens,
     pooled_activations,
 )
-from projected_grpo.checkpoint import read_checkpoint
-from projected_grpo.config import Params
-from projected_grpo.direction import RunBasis, mass_matched, refresh_basis
-from projected_grpo.gate import HeldOutPairs, calibrate_gate, residual_capture
-from projected_grpo.logprobs import padded
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import MODES, apply_mode
-from projected_grpo.pool import PoolRow
-from projected_grpo.sft_corpus import fence, named_exploit_styles, wrong_variants
-from projected_grpo.tiny import tiny_model, tiny_tokenizer
-from projected_grpo.train import STEP_PHASES, label_auroc, run_flags, span_norm, train
+from projected_grpo.method.direction import RunBasis, mass_matched, refresh_basis
+from projected_grpo.method.gate import HeldOutPairs, calibrate_gate, residual_capture
+from projected_grpo.policy.adapter import adapters, attach_adapters
+from projected_grpo.policy.logprobs import padded
+from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
+from projected_grpo.rl.checkpoint import read_checkpoint
+from projected_grpo.rl.pool import PoolRow
+from projected_grpo.rl.train import STEP_PHASES, label_auroc, run_flags, span_norm, train
+from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
 ROUTING = [a for a, spec in ARMS.items() if spec.routes]
@@ -395,9 +395,9 @@ def test_gate_guard_warns_and_flags_an_uninformative_calibration(world, tmp_path
     recal_every 2), one line naming step and AUROC [lo, hi], and the run's result says gate_uninformative; on the
     real held-out pairs the tiny gate separates (interval above 0.5): no warning, flag false."""
     got: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.method.gate"):
         run(world, arm, tmp_path / "placebo", cal=placebo_cal(world), result=got)
-    lines = [r.getMessage() for r in caplog.records if r.name == "projected_grpo.gate"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "projected_grpo.method.gate"]
     assert len(lines) == 2 and all("\n" not in x for x in lines)
     for x, step in zip(lines, (0, 2)):
         assert f"step {step}:" in x and "AUROC 0.500 [0.500, 0.500]" in x and "uninformative" in x
@@ -406,9 +406,9 @@ def test_gate_guard_warns_and_flags_an_uninformative_calibration(world, tmp_path
     assert log_column(tmp_path / "placebo", "gate_auroc_lo") == [0.5] * 3
     caplog.clear()
     real: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.method.gate"):
         run(world, arm, tmp_path / "real", result=real)
-    assert not [r for r in caplog.records if r.name == "projected_grpo.gate"]
+    assert not [r for r in caplog.records if r.name == "projected_grpo.method.gate"]
     assert real["gate_uninformative"] is False and min(log_column(tmp_path / "real", "gate_auroc_lo")) > 0.5
     # the run's final metrics carry the flag (stages/train.py: summarize_log | run_flags); ungated arms do not
     assert run_flags(got) == {"gate_uninformative": True} and run_flags(real) == {"gate_uninformative": False}
@@ -428,9 +428,9 @@ def test_gate_guard_survives_a_resume(world, tmp_path, caplog):
     run(world, "route_per_rollout", tmp_path / "cut", p=p3, cal=placebo_cal(world))
     caplog.clear()
     resumed: dict = {}
-    with caplog.at_level(logging.WARNING, logger="projected_grpo.gate"):
+    with caplog.at_level(logging.WARNING, logger="projected_grpo.method.gate"):
         b = run(world, "route_per_rollout", tmp_path / "cut", p=p4, cal=placebo_cal(world), result=resumed)
-    assert not [r for r in caplog.records if r.name == "projected_grpo.gate"]
+    assert not [r for r in caplog.records if r.name == "projected_grpo.method.gate"]
     assert resumed == full and full["gate_uninformative_steps"] == [0, 2]
     assert same(a, b)
     gate = [read_checkpoint(tmp_path / d / "ckpt", 4)["gate"] for d in ("cut", "full")]
@@ -588,7 +588,7 @@ def test_projection_params_validated(field, value):
 def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     """The gate score the loop reads from its own loss forward (hook, left-padded prompts, right-padded completions)
     equals <basis.pooled_activations(...), v_act> computed independently (output_hidden_states, right padding)."""
-    from projected_grpo.logprobs import rollout_logprobs
+    from projected_grpo.policy.logprobs import rollout_logprobs
 
     tok, cal = world["tok"], world["cal"]
     m = tiny_model(len(tok))
@@ -629,9 +629,9 @@ def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
     """`shared_prompt_logprobs` (prompt once per group, KV cache gathered to the rows) gives the per-row forward's
     completion log-probs and, through the backward, its δS gradient: on left-padded prompts of different lengths,
     completions of different lengths, and micro-batches that split a group."""
-    from projected_grpo.logprobs import rollout_logprobs, shared_prompt_logprobs
-    from projected_grpo.model import render_prompt
-    from projected_grpo.rollout import generate, group_runs
+    from projected_grpo.policy.logprobs import rollout_logprobs, shared_prompt_logprobs
+    from projected_grpo.policy.model import render_prompt
+    from projected_grpo.policy.rollout import generate, group_runs
 
     tok = world["tok"]
     m = adapted_tiny_model(tok, 70)
@@ -663,7 +663,7 @@ def test_shared_prompt_logprobs_equal_the_per_row_forward(world):
 def _own_token_reference(m, ids, att, pos, own, loss_fn) -> dict[str, torch.Tensor]:
     """Per-row own-token gradients by another route: one full per-row forward with per-token capture along every
     coordinate (dirs = I), summed over the `own` positions (b, L). {module: (b, D)}."""
-    from projected_grpo.adapter import token_capture
+    from projected_grpo.policy.adapter import token_capture
 
     m.zero_grad(set_to_none=True)
     with token_capture(m, {n: torch.eye(a.dim) for n, a in adapters(m).items()}) as caps:
@@ -676,10 +676,10 @@ def test_shared_prompt_probes_read_own_token_gradients(world, kind):
     """Under a shared prompt forward the probes are paused in the prompt: `e.grad[n]` is row n's gradient from its
     own completion positions only, which a full per-row forward with per-token capture gives independently; δS.grad
     stays the whole gradient (the prompt positions' part, absent from every row's probe, is not zero)."""
-    from projected_grpo.adapter import probes
-    from projected_grpo.logprobs import shared_prompt_logprobs, token_logprobs
-    from projected_grpo.model import render_prompt
-    from projected_grpo.rollout import generate, group_runs
+    from projected_grpo.policy.adapter import probes
+    from projected_grpo.policy.logprobs import shared_prompt_logprobs, token_logprobs
+    from projected_grpo.policy.model import render_prompt
+    from projected_grpo.policy.rollout import generate, group_runs
 
     tok = world["tok"]
     m = adapted_tiny_model(tok, 90, kind)
@@ -714,7 +714,7 @@ def test_shared_prompt_probes_read_own_token_gradients(world, kind):
 def test_completion_grads_own_tokens(world):
     """basis.completion_grads(own_tokens=True), the gate calibration's gradients under a shared prompt forward: each
     row's completion positions only, as the per-token reference gives them; whole gradients differ."""
-    from projected_grpo.logprobs import batch_sequences, mean_nll, token_logprobs
+    from projected_grpo.policy.logprobs import batch_sequences, mean_nll, token_logprobs
 
     tok = world["tok"]
     m = adapted_tiny_model(tok, 50)
@@ -782,10 +782,10 @@ import sys, torch
 sys.path[:0] = [{root!r}, {src!r}]
 from pathlib import Path
 from tests.test_train import world_plain, tiny_params, fake_grader, slow
-from projected_grpo.adapter import attach_adapters, save_adapter
-from projected_grpo.arms import get_arm
-from projected_grpo.tiny import tiny_model
-from projected_grpo.train import train
+from projected_grpo.policy.adapter import attach_adapters, save_adapter
+from projected_grpo.method.arms import get_arm
+from projected_grpo.policy.tiny import tiny_model
+from projected_grpo.rl.train import train
 import dataclasses
 w = world_plain()
 p = tiny_params()

@@ -7,8 +7,8 @@ old "matched solve" rule would have crowned; plus the verdict as results.md prin
 
 import pytest
 
-from projected_grpo import results as R
-from projected_grpo import win_rule as W
+from projected_grpo.report import results as R
+from projected_grpo.report import win_rule as W
 from tests.test_results import runs_from, table, tally
 
 SEEDS = (41, 42, 43)

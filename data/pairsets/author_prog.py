@@ -53,12 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from projected_grpo.config import LeetcodeParams, Params
-from projected_grpo.grader import grade_batch
-from projected_grpo.minileet import make_minileet
-from projected_grpo.modes import LOOPHOLE_MODES, MODES, TRAIN_VALUE, apply_mode
-from projected_grpo.problems import SETUP_CODE, Problem
-from projected_grpo.sandbox import ExecSpec, Sandbox
-from projected_grpo.sft_corpus import (
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.modes import LOOPHOLE_MODES, MODES, TRAIN_VALUE, apply_mode
+from projected_grpo.env.problems import SETUP_CODE, Problem
+from projected_grpo.env.sandbox import ExecSpec, Sandbox
+from projected_grpo.sft.sft_corpus import (
     EXPLOIT_STYLES,
     _insert_lines,
     _method_node,
@@ -70,7 +70,7 @@ from projected_grpo.sft_corpus import (
     wrap_returns,
     wrong_variants,
 )  # fmt: skip
-from projected_grpo.substrate import base_splits
+from projected_grpo.env.substrate import base_splits
 
 SEED = 0
 ROOT = Path(__file__).resolve().parents[2]

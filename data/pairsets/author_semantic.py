@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 
 from projected_grpo.config import LeetcodeParams, Params
-from projected_grpo.minileet import make_minileet
-from projected_grpo.substrate import base_splits
+from projected_grpo.env.minileet import make_minileet
+from projected_grpo.env.substrate import base_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "data" / "pairsets"

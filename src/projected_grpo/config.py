@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from projected_grpo.modes import MODES
+from projected_grpo.env.modes import MODES
 
 T = TypeVar("T")
 
@@ -640,7 +640,7 @@ def _main() -> None:
 
     import typer
 
-    from projected_grpo.cli import message
+    from projected_grpo.common.cli import message
 
     app = typer.Typer(
         add_completion=False,

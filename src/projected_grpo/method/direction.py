@@ -1,0 +1,262 @@
+"""v_hack during a run: what one run reads about the hack direction, and the one interface the loop talks to.
+
+`RunBasis` is everything basis-related a run reads, loaded once by the stage (`load_run_basis`) and passed to
+`train()` as one typed object. `Direction` is the loop's view of it: the current basis (the stage's, or re-extracted
+at the current parameters), the rotation per module, and the routing gate. Before each step `Direction.update`
+refreshes v_hack every `projection.refresh_every` steps and recalibrates the gate every `recal_every` steps.
+
+Held-out pairs enter the loop through these two doors only, never live-rollout labels or grader output (the no-cheat
+rule):
+  * calibration pairs set the routing gate's thresholds (gate.py), with the same score the gate uses;
+  * extraction pairs re-extract v_hack at the current parameters (optional; method.md §6.7): new Vh, ν and rotations
+    R per module, with θ/φ re-expressed and the Adam state rotated or reset (§3.6, optim.RotatedAdam.rebase).
+What `Direction` carries from step to step (the current basis, the gate) goes into each checkpoint, so a resumed run
+replays bit-identically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor
+
+from projected_grpo.env.problems import load_problems_parquet
+from projected_grpo.method import projection as proj
+from projected_grpo.method.arms import Arm
+from projected_grpo.method.basis import Basis, act_basis, build_basis, completion_grads, pooled_activations
+from projected_grpo.method.gate import GateState, HeldOutPairs
+from projected_grpo.method.pairs import Pair, load_pairset, pair_records, pairset_path, select_pairs
+
+
+@dataclass(frozen=True)
+class RunBasis:
+    """What a run reads about v_hack; every field None for a basis-free arm.
+
+    basis: the directions the arm edits along (the random control's for `*_random` arms).
+    act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates per-rollout routing.
+    matched: v_hack for a random control with projection.random_match=mass: each step, what the control moves out of
+        main is rescaled (one factor over all modules) to the norm the same rule moves along v_hack.
+    cal: held-out calibration pairs (gated routing). extraction: held-out extraction pairs (basis refresh)."""
+
+    basis: Basis | None = None
+    act: Basis | None = None
+    matched: Basis | None = None
+    cal: HeldOutPairs | None = None
+    extraction: HeldOutPairs | None = None
+
+
+def refreshes(p, arm: Arm) -> bool:
+    return arm.reads_basis and p.projection.refresh_every > 0
+
+
+def mass_matched(p, arm: Arm) -> bool:
+    """A random-direction control whose moved mass is matched to v_hack's (projection.random_match=mass). Not
+    route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
+    has no match_target column)."""
+    return arm.mass_matched and p.projection.random_match == "mass"
+
+
+def act_gated(p, arm: Arm) -> bool:
+    """Per-rollout routing gated in activation space (basis.space=act); the routed amount still uses Vh."""
+    return p.basis.space == "act" and arm.gate == "rollout"
+
+
+def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldOutPairs | None, HeldOutPairs | None]:
+    """(calibration, extraction) pairs of `basis.pairset` that `arm` reads, None where it reads none: calibration for
+    gated routing; extraction (restricted to basis.modes, as in the basis stage) when the basis is refreshed."""
+
+    def side(split: str, modes) -> HeldOutPairs:
+        ps = select_pairs(pairs, split, modes)
+        return HeldOutPairs(pair_records(ps, holdout), [q.hack for q in ps], [q.clean for q in ps])
+
+    cal = side("calibrate", None) if arm.gate is not None else None
+    ex = side("extract", p.basis.modes) if refreshes(p, arm) else None
+    return cal, ex
+
+
+def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, problems: Path) -> RunBasis:
+    """The stage's inputs for `arm`: its basis files from the basis stage directory and its held-out pairs from the
+    pair-set root (holdout problems without hints as prompts). One-line errors name the missing option."""
+    if not arm.reads_basis:
+        return RunBasis()
+    if basis_dir is None:
+        raise ValueError(f"arm {arm.name} reads a basis: pass --basis")
+    b = Basis.load(basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors"))
+    act = Basis.load(basis_dir / "act.safetensors") if act_gated(p, arm) else None
+    matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
+    cal = ex = None
+    if arm.gate is not None or refreshes(p, arm):
+        if pairsets is None:
+            raise ValueError(f"arm {arm.name} reads held-out pairs (gate calibration or refresh): pass --pairsets")
+        holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
+        cal, ex = held_out_pairs(p, arm, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
+    return RunBasis(b, act, matched, cal, ex)
+
+
+def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
+    """Raise one clear line when `rb` lacks what `arm` under params `p` reads (before anything is written)."""
+    if arm.reads_basis and rb.basis is None:
+        raise ValueError(f"arm {arm.name} needs a basis (run the basis stage)")
+    if arm.gate is not None and rb.cal is None:
+        raise ValueError(f"arm {arm.name} calibrates its gate on held-out pairs: pass `cal` (stage: --pairsets)")
+    if refreshes(p, arm) and rb.extraction is None:
+        raise ValueError("projection.refresh_every > 0 re-extracts v_hack: pass the extraction pairs (--pairsets)")
+    if mass_matched(p, arm) and rb.matched is None:
+        raise ValueError(f"{arm.name} with projection.random_match=mass needs v_hack: pass `matched` (stage: --basis)")
+    if p.basis.space == "act" and arm.gate == "token":
+        raise ValueError("basis.space=act gates whole rollouts; use route_per_rollout or set basis.space=grad")
+    layer = p.basis.act_layer
+    if act_gated(p, arm) and (rb.act is None or rb.act.meta.get("act_layer") != layer):
+        raise ValueError(
+            f"basis.space=act needs v_act extracted at basis.act_layer={layer} (act.safetensors from "
+            "the basis stage; re-run it after changing act_layer)"
+        )
+
+
+def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
+    """R = [Vhᵀ | V⊥] per module with a basis (θ = Rᵀ δS, first k coordinates = α), in the parameter dtype."""
+    return {n: proj.complete_rotation(v.to(ads[n].delta.dtype)) for n, v in vh.items()}
+
+
+def refresh_basis(
+    model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int, temperature: float, act_layer: int | None
+) -> Basis:
+    """v_hack re-extracted at the current parameters (knob on, as the policy samples) from the held-out extraction
+    pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
+
+    A `*_random` arm (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
+    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too."""
+    gh = completion_grads(model, tok, ex.records, ex.hack, temperature)  # {m: (P, D_m)}
+    gc = completion_grads(model, tok, ex.records, ex.clean, temperature)
+    model.zero_grad(set_to_none=True)
+
+    def build(method: str, seed: int, like: Basis | None = None) -> Basis:
+        return build_basis(
+            gh,
+            gc,
+            method,
+            bp.k,
+            bp.tau,
+            bp.alpha_sig,
+            bp.n_flips,
+            bp.drop_bottom_frac,
+            seed,
+            bp.row_norm,
+            bp.score_norm,
+            bp.solve_m,
+            like,
+        )
+
+    b = build("svd" if bp.method == "random" else bp.method, bp.seed)
+    if random_dir or bp.method == "random":
+        digest = hashlib.sha256(f"{bp.seed}:refresh:{step}".encode()).digest()
+        b = build("random", int.from_bytes(digest[:7], "big"), like=b)
+    if act_layer is not None:
+        ah = pooled_activations(model, tok, ex.records, ex.hack, act_layer)  # (P, d)
+        b.v_act = act_basis(ah, pooled_activations(model, tok, ex.records, ex.clean, act_layer), act_layer).v_act
+    b.meta.update(refreshed_at=step)
+    return b
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint carries beyond adapter and optimizer, for a bit-identical resume: the basis in use (the
+    stage's, or the last refresh's; None for basis-free arms) and the gate."""
+
+    basis: Basis | None
+    gate: GateState
+
+    def to_checkpoint(self) -> dict:
+        out = {"gate": self.gate.checkpoint()}
+        if self.basis is not None:
+            b = self.basis
+            out["basis"] = {"vh": b.vh, "nu": b.nu, "meta": b.meta, "v_act": b.v_act}
+        return out
+
+    @classmethod
+    def from_checkpoint(cls, d: dict, basis: Basis | None) -> LoopState:
+        """`basis`: the run's own, for a checkpoint that holds none."""
+        if "basis" in d:
+            sb = d["basis"]
+            basis = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
+        return cls(basis, GateState.from_checkpoint(d["gate"]) if "gate" in d else GateState())
+
+
+class Direction:
+    """The current basis and gate of one run (None / unused for basis-free arms), resumable from a checkpoint.
+
+    `label` names the run in warnings ("<arm> s<seed>"). `cur` is the basis in use, `kept` the adapter modules it has
+    directions for (in adapter order), `k` each module's number of directions (0 without), `nu` its scoring direction
+    over the kept modules."""
+
+    def __init__(
+        self, p, arm: Arm, rb: RunBasis, names: list[str], own_tokens: bool, label: str, state: dict | None = None
+    ):
+        self.p, self.arm, self.rb, self.names, self.own_tokens, self.label = p, arm, rb, names, own_tokens, label
+        self.act_layer = p.basis.act_layer if act_gated(p, arm) else None
+        cur = None
+        if arm.reads_basis:
+            v_act = rb.act.v_act if self.act_layer is not None else None
+            cur = Basis(vh=rb.basis.vh, nu=rb.basis.nu, meta=rb.basis.meta, v_act=v_act)
+        # resume: continue with the basis and gate the checkpointed step was using
+        self.state = LoopState(cur, GateState()) if state is None else LoopState.from_checkpoint(state, cur)
+        self._derive()
+
+    @property
+    def cur(self) -> Basis | None:
+        return self.state.basis
+
+    @property
+    def gate(self) -> GateState:
+        return self.state.gate
+
+    def _derive(self) -> None:
+        self.vh = self.cur.vh if self.cur is not None else {}
+        self.kept = [n for n in self.names if n in self.vh]
+        self.k = {n: self.vh[n].shape[0] if n in self.vh else 0 for n in self.names}
+        self.nu = {n: self.cur.nu[n] for n in self.kept} if self.cur is not None else {}
+
+    def rotations(self, ads: dict) -> dict[str, Tensor]:
+        """R per kept module (identity elsewhere: no edit; basis-free arms optimise δS in plain coordinates)."""
+        return rotations({n: self.vh[n] for n in self.kept}, ads)
+
+    def update(self, model, tok, step: int, opt, ads: dict, timer) -> bool:
+        """Before step `step`: refresh v_hack when due (the optimizer is rebased onto the new rotations), then
+        recalibrate the gate when due. Returns whether the basis was refreshed. Consumes no RNG of the step."""
+        p, arm, pj, temperature = self.p, self.arm, self.p.projection, self.p.rollout.temperature
+        # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
+        # re-rotated modules is rotated or reset. Modules that leave the kept set get R = I (no edit from now on);
+        # modules that join get their R.
+        refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
+        if refreshed:
+            self.state.basis = refresh_basis(
+                model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer
+            )
+            self._derive()
+            opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
+        if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):
+            with timer("gate_calibration"):
+                self.gate.calibrate(
+                    step,
+                    self.label,
+                    model,
+                    tok,
+                    self.rb.cal,
+                    arm.gate,
+                    self.cur,
+                    self.kept,
+                    pj,
+                    temperature,
+                    self.act_layer,
+                    self.own_tokens,
+                )
+        return refreshed
+
+    def checkpoint(self) -> dict:
+        return self.state.to_checkpoint()
+
+    def result(self) -> dict:
+        """The run's gate verdict (gated arms only)."""
+        return self.gate.verdict() if self.arm.gate is not None else {}

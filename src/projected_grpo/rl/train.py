@@ -1,0 +1,569 @@
+"""The GRPO loop (method.md §3.8): [refresh, calibrate] → rollout → reward → advantage → loss → backward → gate →
+edit → clip → step → log.
+
+`train` drives every arm and reads top to bottom; the arms differ only in their registry entry (arms.py): the
+gradient edit (projection.RULES, applied in rotated coordinates so that erase and route stay exact through Adam,
+optim.py), its gate, the reward and the basis. What the loop knows about v_hack — the current basis, its refresh and
+the routing gate's calibration, all from held-out pairs — sits behind `direction.Direction` (the no-cheat rule: no
+live-rollout label or grade reaches a gate or an edit). Everything random in step t is seeded from (seed, t), and what
+the loop carries from step to step is checkpointed with the optimizer, so a resumed run replays bit-identically.
+
+Per-step diagnostics (pure reads, after the update) include ‖Vh δS‖ and ‖Vh δS_h‖, the mean gate, the thresholds, the
+calibration interval, and `gate_auroc_live`: the live gate score's AUROC between the step's own hack and non-hack
+student rollouts. That last one reads the grader's labels and is logged only; nothing reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from projected_grpo.common.log import PhaseTimer, StepLog
+from projected_grpo.common.stats import rate
+from projected_grpo.env.grader import grade_batch
+from projected_grpo.env.modes import LOOPHOLE_MODES, mode_of
+from projected_grpo.env.rewards import CORRECTNESS_REWARD, gt_only
+from projected_grpo.method import projection as proj
+from projected_grpo.method.arms import Arm
+from projected_grpo.method.basis import pool_tokens
+from projected_grpo.method.direction import Direction, RunBasis, act_gated, check_run_basis, mass_matched
+from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
+from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.policy.adapter import adapters, adapters_disabled, probes, token_capture
+from projected_grpo.policy.logprobs import padded, rollout_logprobs, shared_prompt_logprobs
+from projected_grpo.policy.model import render_prompt
+from projected_grpo.policy.rollout import Rollout, check_records_fit, generate, group_runs
+from projected_grpo.rl.checkpoint import (
+    latest_step,
+    load_checkpoint,
+    prepare_run_dir,
+    read_checkpoint,
+    save_checkpoint,
+)
+from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.pool import PoolRow, draw
+
+# --- pieces of one step -----------------------------------------------------------------------------------------
+
+
+def mixed_rollout(
+    model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int
+) -> tuple[Rollout, list[bool]]:
+    """G rows per prompt, contiguous: G − n_pool student samples (knob on) then n_pool teacher-pool rows.
+
+    Returns the rollout and a per-row flag `is_student`."""
+    r = p.rollout
+    prompts = [render_prompt(tok, list(q.prompt)) for q in recs]
+    ro = generate(
+        model,
+        tok,
+        prompts,
+        group_size=G - n_pool,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=seed,
+        max_prompt_tokens=r.max_prompt_tokens,
+    )
+    if n_pool == 0:
+        return ro, [True] * len(ro.texts)
+    pool_rows: list[PoolRow] = [row for q in recs for row in draw(pool, q.id, n_pool, rng)]
+    Gs = G - n_pool
+    seqs, texts, src, is_student = [], [], [], []
+    for g in range(len(recs)):  # group g: its Gs student rows, then its n_pool teacher rows (same prompt)
+        for j in range(g * Gs, (g + 1) * Gs):
+            seqs.append(tuple(ro.completion_ids[j][ro.mask[j].bool()].tolist()))
+            texts.append(ro.texts[j]), src.append(j), is_student.append(True)
+        for row in pool_rows[g * n_pool : (g + 1) * n_pool]:
+            seqs.append(row.token_ids)
+            texts.append(row.completion), src.append(g * Gs), is_student.append(False)
+    ids, mask = padded(seqs, tok.pad_token_id)  # (N, T) right-padded, mask up to and including EOS
+    idx = torch.tensor(src)
+    return Rollout(
+        prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask, texts=texts
+    ), is_student
+
+
+def loss_logprobs(
+    model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float, runs: tuple[Tensor, Tensor] | None
+) -> Tensor:
+    """(b, T) completion log-probs of a micro-batch: each distinct prompt once when `runs` = rollout.group_runs(pi, pm)
+    (grpo.share_prompt), else one forward per row (what per-row probes need)."""
+    if runs is not None:
+        return shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, *runs)
+    return rollout_logprobs(model, pi, pm, ci, cm, temperature)
+
+
+def step_rewards(grades, arm: Arm, accuracy: float, rng: random.Random) -> Tensor:
+    """(N,) rewards: the mode's reward (correct OR channel), or GT only; GT-monitor baselines flag with accuracy."""
+    out = []
+    for g in grades:
+        r = gt_only(g) if arm.reward == "gt_only" else g.reward
+        if arm.monitor is not None:  # benchmark.md §6: penalty flags strict hacks, screening loose ones
+            truth = g.is_reward_hack_strict if arm.monitor == "penalty" else g.is_reward_hack_loose
+            flag = truth if rng.random() < accuracy else not truth
+            if flag:
+                r = r - CORRECTNESS_REWARD if arm.monitor == "penalty" else math.nan
+        out.append(r)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def concat(d: dict[str, Tensor], names: list[str]) -> Tensor:
+    return torch.cat([d[n].reshape(-1) for n in names]) if names else torch.zeros(0)
+
+
+# --- diagnostics (pure reads: never feed a gate or an edit) -------------------------------------------------------
+
+
+def span_norm(vh: dict[str, Tensor], x: dict[str, Tensor]) -> float:
+    """sqrt(Σ_m ‖Vh_m x_m‖²) over Vh's modules: the size of x's component in span(v_hack); 0 with no module."""
+    return math.sqrt(sum(float((v.double() @ x[n].detach().double()).pow(2).sum()) for n, v in vh.items()))
+
+
+def label_auroc(s: Tensor, is_hack: Tensor, keep: Tensor, mask: Tensor | None = None) -> float:
+    """Diagnostics only (it reads grader labels): rank AUROC of the live gate scores of the kept hack rows against the
+    kept other rows. s: (N,) per-rollout scores, or (N, T) per-token scores counted over `mask`'s tokens; is_hack,
+    keep: (N,) bool. nan when either class is empty."""
+    is_hack, keep = is_hack.to(s.device), keep.to(s.device)
+    if mask is None:
+        return proj.rank_auroc(s[keep & is_hack], s[keep & ~is_hack])
+    m = mask.bool() & keep[:, None]
+    return proj.rank_auroc(s[m & is_hack[:, None]], s[m & ~is_hack[:, None]])
+
+
+def finite(x: float) -> float:
+    """x, or nan where it is ±inf (the TSV holds numbers; an infinite threshold means "no calibration yet")."""
+    return x if math.isfinite(x) else math.nan
+
+
+# --- the loop ----
+
+# Timed parts of a step (the timings log; the rest of `dt` is the edit, the optimizer step and bookkeeping).
+STEP_PHASES = ("sample", "grade", "ref_forward", "forward", "backward", "gate_calibration")
+
+
+@dataclass
+class Grads:
+    """One step's gradients after the backward: what the gate and the edit read (rows = the step's N rollouts)."""
+
+    raw: dict[str, Tensor]  # {m: (D_m,)} g = δS.grad (δS_h.grad is the same)
+    rows: dict[str, Tensor]  # {m: (N, D_m)} per-rollout gradients, Σ_n = g (own-token pieces: only the probes' part)
+    tok_alpha: dict[str, Tensor]  # {kept m: (N, T, k_m)} per-token α_{n,t} (per-token routing)
+    tok_dot: Tensor | None  # (N, T) Σ_m <g_{m,n,t}, ν_m> (per-token routing)
+    tok_sq: Tensor | None  # (N, T) Σ_m ‖g_{m,n,t}‖²
+    pooled: Tensor | None  # (N, d) completion-pooled residual stream (activation gate)
+    stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
+
+
+def loss_backward(
+    model,
+    ro: Rollout,
+    refs: list,
+    adv: Tensor,
+    mbs: list[slice],
+    p,
+    arm: Arm,
+    d: Direction,
+    policy_runs: bool,
+    timer: PhaseTimer,
+) -> Grads:
+    """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
+    per-rollout gradients. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
+    <g_{n,t}, ν> and ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the
+    residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
+    each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing)."""
+    g, N = p.grpo, ro.completion_ids.shape[0]
+    per_token = arm.gate == "token"
+    model.zero_grad(set_to_none=True)
+    rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
+    tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
+    tok_dot, tok_sq, pooled = [], [], []  # (b, T), (b, T), (b, d) per micro-batch
+    stats = {"clip_frac": 0.0, "kl": 0.0}
+    dirs = token_dirs(d.cur, d.kept) if per_token else {}
+    for sl, ref in zip(mbs, refs):
+        pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+        runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
+        probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
+        with probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
+            with timer("forward"):
+                logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
+                # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
+                loss, m = grpo_loss(
+                    logp,
+                    logp.detach(),
+                    ref,
+                    adv[sl],
+                    cm,
+                    g.clip_eps_low,
+                    g.clip_eps_high,
+                    g.beta,
+                    p.rollout.max_new_tokens,
+                    n_rows=N,
+                )
+            with timer("backward"):
+                loss.backward()
+        for n, e in es.items():
+            rows[n].append(e.grad.detach())
+        Tp = pi.shape[1]
+        if per_token and caps:  # keep completion positions only (Tp−1+t predicts token t; prompt gates are 0)
+            for n, a in caps.items():
+                tok_alpha[n].append(proj.completion_positions(a.token_coef[..., :-1].detach(), Tp).clone())
+            dot, sq = token_sums(caps)
+            tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
+        if d.act_layer is not None:
+            pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
+        w = pi.shape[0] / N
+        stats = {key: stats[key] + w * m[key] for key in stats}
+    ads = adapters(model)
+    cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+    return Grads(
+        raw={n: ads[n].delta.grad.detach().clone() for n in d.names},
+        rows={n: torch.cat(rows[n]) for n in d.names if rows[n]},
+        tok_alpha={n: torch.cat(v) for n, v in tok_alpha.items() if v},
+        tok_dot=cat(tok_dot),
+        tok_sq=cat(tok_sq),
+        pooled=cat(pooled),
+        stats=stats,
+    )
+
+
+def live_gates(
+    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(N,) per-rollout gates, (N, T) per-token gates (0 off the completion), and the live scores they came from (for
+    the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat)."""
+    m_gate, m_tok, live = torch.zeros(adv.shape[0]), torch.zeros(mask.shape), None
+    tau = d.gate.tau
+    if arm.gate == "rollout" and d.kept:
+        if d.act_layer is not None:  # s_n = <pooled residual of rollout n, v_act>
+            live = gr.pooled.float() @ d.cur.v_act.float()
+        else:  # s_n = cos(sign(A_n) g_n, ν)
+            live = proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)
+        m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
+    elif arm.gate == "token" and d.kept:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
+        nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
+        live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
+        m_tok = proj.token_gate(live, adv, mask, tau[0], tau[1], pj.band)
+    return m_gate, m_tok, live
+
+
+def edit(
+    arm: Arm, d: Direction, opt: RotatedAdam, gr: Grads, m_gate: Tensor, m_tok: Tensor, mvh: dict
+) -> tuple[dict, dict, dict, dict[str, float]]:
+    """The arm's rule per module in rotated coordinates θ = Rᵀ δS (method.md §3.6): (rotated g, main, knob, and the
+    mass-matching targets). A module without a basis (R = I) passes through. A mass-matched control's moved part is
+    rescaled, one factor for the step, to what v_hack's rule moves from the same gradients and gates."""
+    xr = opt.rotate(gr.raw)  # {m: (D_m,)} rotated raw gradients (identity where no basis)
+    main, knob, targets = {}, {}, {}
+    for n in d.names:
+        if n not in opt.R:
+            main[n], knob[n] = proj.apply_rule("vanilla", proj.ModuleGrads(xr[n], 0))
+            continue
+        x_n = opt.rotate({n: gr.rows[n]})[n] if arm.gate == "rollout" else None
+        s = proj.ModuleGrads(
+            xr[n],
+            d.k[n],
+            x_n,
+            m_gate if arm.gate == "rollout" else m_tok,
+            gr.tok_alpha.get(n),
+            own_tokens=d.own_tokens,
+        )
+        main[n], knob[n] = proj.apply_rule(arm.edit, s)
+        if n in mvh:  # mass-matched control: what the same rule moves along v_hack here (α along v_hack)
+            a_real = gr.rows[n] @ mvh[n].T if arm.gate == "rollout" else mvh[n] @ gr.raw[n]
+            targets[n] = proj.moved_norm(arm.edit, a_real.to(xr[n].dtype), m_gate)
+    if mvh:  # one factor for the step: the control moves as much in total as v_hack's rule would
+        main, knob = proj.match_mass(xr, main, knob, math.sqrt(sum(t * t for t in targets.values())))
+    return xr, main, knob, targets
+
+
+def reference_logprobs(model, ro: Rollout, mbs: list[slice], p, timer: PhaseTimer) -> list[Tensor]:
+    """Per micro-batch (b, T) completion log-probs of the reference policy: the adapter turned off (method.md §3.1),
+    each distinct prompt once (a no-grad forward needs no per-row prompt copies)."""
+    refs = []
+    with torch.no_grad(), adapters_disabled(model), timer("ref_forward"):
+        for sl in mbs:
+            pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+            runs = group_runs(pi, pm) if p.grpo.share_prompt else None
+            refs.append(loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs))
+    return refs
+
+
+def edit_diagnostics(
+    arm: Arm,
+    d: Direction,
+    opt: RotatedAdam,
+    gr: Grads,
+    main: dict,
+    knob: dict,
+    targets: dict,
+    matched: bool,
+    m_gate: Tensor,
+    m_tok: Tensor,
+    mask: Tensor,
+    refreshed: bool,
+) -> dict[str, float]:
+    """Before the update (pure reads; no RNG, no numerics touched: measure_only ≡ vanilla): cosines with ν before and
+    after the edit, the share of g in span(Vh), routed and removed fractions, the gate's coverage."""
+    g_cat = concat(gr.raw, d.names)
+    diag = {"refresh": float(refreshed), "k_total": sum(d.k.values())} if d.cur is not None else {}
+    if not d.kept:
+        return diag
+    kept, rot, vh = d.kept, opt.R, d.vh
+    g_in, nu_cat = concat({n: gr.raw[n] for n in kept}, kept), concat(d.nu, kept)
+    ed = concat({n: rot[n] @ main[n] for n in kept}, kept)  # edited gradient, back in δS coordinates
+    h = concat({n: rot[n] @ knob[n] for n in kept}, kept)  # routed part
+    gate_frac = float((m_gate > 0).float().mean())
+    if arm.gate == "token":  # fraction of completion tokens routed at all
+        gate_frac = float((m_tok > 0).sum() / mask.sum().clamp(min=1))
+    diag |= {
+        "cos_before": float(g_in @ nu_cat / g_in.norm().clamp(min=1e-30)),
+        "cos_after": float(ed @ nu_cat / ed.norm().clamp(min=1e-30)),
+        "proj_frac": float(
+            sum(float((vh[n] @ gr.raw[n]).pow(2).sum()) for n in kept) / max(float(g_in.pow(2).sum()), 1e-30)
+        ),
+        "routed": float(h.norm() / g_cat.norm().clamp(min=1e-30)),
+        "removed": float((g_in - ed - h).norm() / g_cat.norm().clamp(min=1e-30)),
+        "gate_frac": gate_frac,
+        "gate_auroc": d.gate.auroc,
+    }
+    if matched:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
+        diag["match_target"] = math.sqrt(sum(t * t for t in targets.values())) / max(float(g_cat.norm()), 1e-30)
+    return diag
+
+
+def update_diagnostics(
+    arm: Arm,
+    d: Direction,
+    ads: dict,
+    m_gate: Tensor,
+    m_tok: Tensor,
+    live: Tensor | None,
+    grades,
+    adv: Tensor,
+    is_student: list[bool],
+    mask: Tensor,
+) -> dict[str, float]:
+    """After the update (pure reads): ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows
+    the second); the gate's mean (per rollout over the N rows, per token over completion tokens), thresholds and
+    calibration interval, and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
+    not. That reads grader labels: it is logged only and read by nothing. Rows with A_n = 0 have no score (§3.5)."""
+    post = {}
+    if d.cur is not None:
+        vk = {n: d.vh[n] for n in d.kept}
+        post = {
+            "vh_delta": span_norm(vk, {n: ads[n].delta for n in d.kept}),
+            "vh_knob": span_norm(vk, {n: ads[n].knob for n in d.kept}),
+        }
+    if arm.gate is None:
+        return post
+    tau, ci, per_token = d.gate.tau, d.gate.ci, arm.gate == "token"
+    return post | {
+        "gate_mean": float(m_tok.sum() / mask.sum().clamp(min=1)) if per_token else float(m_gate.mean()),
+        "tau_lo": finite(tau[0]),
+        "tau_hi": finite(tau[1]),
+        "gate_auroc_lo": ci[0],
+        "gate_auroc_hi": ci[1],
+        "gate_auroc_live": math.nan
+        if live is None
+        else label_auroc(
+            live,
+            torch.tensor([g.label == "hack" for g in grades]),
+            torch.tensor(is_student) & (adv != 0),
+            mask if per_token else None,
+        ),
+    }
+
+
+def step_metrics(
+    grades, rows: list, is_student: list[bool], rewards: Tensor, adv: Tensor, ro: Rollout, gr: Grads, ads: dict, G: int
+) -> dict[str, float]:
+    """The step's behaviour, over student rows only (teacher-pool rows are not the student's behaviour)."""
+    N = len(rows)
+    st = [i for i in range(N) if is_student[i]]
+    hinted = [i for i in st if mode_of(rows[i]) in LOOPHOLE_MODES]
+    return {
+        "reward": float(rewards[st].nanmean()),
+        "reward_std": float(rewards.view(-1, G).std(dim=1).nanmean()),
+        "zero_std_frac": float((adv.view(-1, G).abs().sum(1) == 0).float().mean()),
+        "hack": sum(grades[i].label == "hack" for i in hinted) / max(1, len(hinted)),
+        "solve": sum(grades[i].eq_correct for i in st) / max(1, len(st)),
+        **{
+            f"hack_{mo}": rate(sum(grades[i].label == "hack" for i in by), len(by))
+            for mo in LOOPHOLE_MODES
+            for by in [[i for i in st if mode_of(rows[i]) == mo]]
+        },
+        "clip_frac": gr.stats["clip_frac"],
+        "kl": gr.stats["kl"],
+        "len": float(ro.mask[st].sum(1).float().mean()),
+        "gnorm": float(concat(gr.raw, list(gr.raw)).norm()),
+        "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
+    }
+
+
+def train(
+    p,
+    arm: Arm,
+    seed: int,
+    model,
+    tok,
+    records: list,
+    sandbox,
+    out_dir: Path,
+    log_path: Path,
+    rb: RunBasis | None = None,
+    pool: dict | None = None,
+    signature: dict | None = None,
+    progress: bool = True,
+    grade_fn=grade_batch,
+    timings_path: Path | None = None,
+) -> dict:
+    """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`, the step's wall
+    time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`). Returns {"steps"} plus, for gated
+    arms, the gate guard's verdict. rb: what the arm reads about v_hack (direction.load_run_basis); grade_fn(records,
+    completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader)."""
+    g, r, pj = p.grpo, p.rollout, p.projection
+    G, B, rb = g.group_size, g.prompts_per_step, rb or RunBasis()
+    N = G * B
+    check_run_basis(p, arm, rb)
+    check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
+    # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
+    # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
+    # rollout's own-token gradient (its completion positions; the group's shared prompt positions stay in main), and
+    # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
+    # activation gate index full-length rows, so they keep every row's own prompt copy.
+    policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
+    ads = adapters(model)
+    start = prepare_run_dir(out_dir, signature or {})
+    state = read_checkpoint(out_dir, start) if start else None
+    d = Direction(p, arm, rb, list(ads), policy_runs and arm.gate == "rollout", f"{arm.name} s{seed}", state)
+    mvh = rb.matched.vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
+    # A resumed run takes the checkpoint's rotations (a refresh may have changed them).
+    rot = state["optimizer"]["rotations"] if state is not None else d.rotations(ads)
+    opt = RotatedAdam(
+        {n: a.delta for n, a in ads.items()},
+        {n: a.knob for n, a in ads.items()},
+        rot,
+        lr=g.lr,
+        betas=tuple(g.betas),
+        eps=g.eps,
+        weight_decay=g.weight_decay,
+        max_norm_main=g.max_norm,
+        max_norm_knob=g.max_norm_knob,
+        kind=g.optimizer,
+    )
+    if state is not None:
+        load_checkpoint(out_dir, start, model, opt, state)
+    else:
+        save_checkpoint(out_dir, 0, model, opt, d.checkpoint())  # update 0 = the base policy (eval's first point)
+    log = StepLog(log_path, resume_step=start, timings=timings_path)
+    pbar = tqdm(
+        range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}", disable=not progress
+    )
+    for step in pbar:
+        t0, timer = time.perf_counter(), PhaseTimer(STEP_PHASES)
+        rng = random.Random(f"{seed}:{step}")  # everything random in step t is seeded from (seed, t)
+        refreshed = d.update(model, tok, step, opt, ads, timer)  # refresh v_hack, recalibrate the gate (held out)
+
+        # ---- rollout: B prompts × G completions with the training policy (knob on), teacher rows mixed in -------
+        recs = rng.sample(records, B)
+        n_pool = round(p.pool.mix * G) if (pool is not None and arm.pool and step < p.pool.teacher_off_step) else 0
+        with timer("sample"):
+            ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
+        rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
+
+        # ---- reward and advantage (Dr.GRPO: r − group mean, no std). The reference forward (adapter off, method.md
+        # §3.1) needs no reward, so it runs while the sandbox grades ----------------------------------------------
+        mbs = [slice(s, min(N, s + g.micro_batch)) for s in range(0, N, g.micro_batch)]
+        with ThreadPoolExecutor(max_workers=1) as grading:
+            graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
+            refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
+            with timer("grade"):  # what is left of grading once the reference forward is done
+                grades = graded.result()
+        rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng)  # (N,)
+        adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
+
+        # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
+        gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer)
+        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj)
+        xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
+        diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
+        ostats = opt.step(main, knob)  # clipped per parameter group; δS = R θ, δS_h = R φ
+        model.zero_grad(set_to_none=True)
+        post = update_diagnostics(arm, d, ads, m_gate, m_tok, live, grades, adv, is_student, ro.mask)
+
+        # ---- log and checkpoint ---------------------------------------------------------------------------------
+        metrics = {
+            **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G),
+            **diag,
+            **post,
+            **ostats,
+            "n_pool": n_pool,
+            "dt": time.perf_counter() - t0,
+            **timer.totals(),
+        }
+        line = log(step + 1, g.steps, **metrics)  # wall times go to the timings log only
+        if progress:
+            pbar.set_postfix_str(line.split("| ", 1)[-1])
+        if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
+            save_checkpoint(out_dir, step + 1, model, opt, d.checkpoint())
+    return {"steps": latest_step(out_dir) or 0, **d.result()}
+
+
+def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
+    """What a checkpoint directory must match to be resumed: the params the run reads and the basis it used."""
+    import dataclasses
+
+    sections = ("seed", "substrate", "model", "adapter", "rollout", "grpo", "pool", "projection", "grader")
+    sig = {
+        s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
+        for s in sections
+    }
+    sig.update(arm=arm.name, train_seed=seed)
+    if arm.reads_basis and basis_dir is not None:
+        f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
+        sig["basis_sha"] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+        sig["basis_params"] = dataclasses.asdict(p.basis)
+        if act_gated(p, arm):
+            sig["act_sha"] = hashlib.sha256((basis_dir / "act.safetensors").read_bytes()).hexdigest()[:16]
+        if mass_matched(p, arm):
+            sig["matched_sha"] = hashlib.sha256((basis_dir / "basis.safetensors").read_bytes()).hexdigest()[:16]
+    return json_safe(sig)
+
+
+def json_safe(x):
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def summarize_log(rows: list[dict[str, float]], last: int = 5) -> dict[str, float]:
+    """Final metrics of a run: the mean of the last `last` steps of the key per-step metrics, and the final step."""
+    tail = rows[-last:]
+    keys = [k for k in rows[0] if k != "step"]
+    out = {
+        f"{k}_last{last}": sum(r[k] for r in tail) / len(tail)
+        for k in keys
+        if k in ("reward", "hack", "solve", "kl", "len", "knob_norm", "routed")
+    }
+    out["steps"] = rows[-1]["step"]
+    out["hack_first"] = rows[0]["hack"]
+    return out
+
+
+def run_flags(result: dict) -> dict:
+    """The flags of train()'s result that go into the run's final metrics: `gate_uninformative` for gated arms (true:
+    some gate calibration's AUROC interval contained 0.5; null: unknown, resumed from a pre-guard checkpoint)."""
+    return {k: result[k] for k in ("gate_uninformative",) if k in result}
