@@ -35,7 +35,7 @@ from harness import ROOT, interleaved, loadavg, machine, median, timed, write_re
 from torch import nn
 
 from projected_grpo.config import load_params
-from projected_grpo.method.basis import build_basis, completion_grads, random_directions
+from projected_grpo.method.basis import basis_with, completion_grads, random_directions
 from projected_grpo.policy.adapter import SVDAdapter, adapters, attach_adapters, probes, svd_factors, token_capture
 from projected_grpo.policy.logprobs import token_logprobs
 from projected_grpo.policy.model import render_prompt
@@ -420,22 +420,7 @@ def part_extraction(n_pairs: int, rank: int, batch_size: int) -> tuple[list[str]
     gh = completion_grads(model, tok, recs, hacks, T, batch_size)
     gc = completion_grads(model, tok, recs, cleans, T, batch_size)
     t_grads = time.perf_counter() - t0
-    basis, t_basis = timed(
-        lambda: build_basis(
-            gh,
-            gc,
-            bp.method,
-            bp.k,
-            bp.tau,
-            bp.alpha_sig,
-            bp.n_flips,
-            bp.drop_bottom_frac,
-            bp.seed,
-            bp.row_norm,
-            bp.score_norm,
-            bp.solve_m,
-        )
-    )
+    basis, t_basis = timed(lambda: basis_with(gh, gc, bp))
     print("extraction done", flush=True)
     M = len(gh)
     lines = [

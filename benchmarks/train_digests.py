@@ -8,7 +8,7 @@ files are equal:
 
   PYTHONPATH=src python benchmarks/train_digests.py --out /tmp/before.json   # in the old checkout
   PYTHONPATH=src python benchmarks/train_digests.py --out /tmp/after.json    # in the new one
-  python benchmarks/train_digests.py --compare /tmp/before.json /tmp/after.json
+  python benchmarks/train_digests.py --compare /tmp/before.json --compare /tmp/after.json
 
 (~3 min on one core.) Used for issue 24's refactor: 36 of 36 runs equal between 588abe7 and the refactored loop.
 """
@@ -82,9 +82,13 @@ def runs() -> dict[str, list[str]]:
 
 def main(
     out: Path = typer.Option(None, help="JSON of run digests to write."),
-    compare: tuple[Path, Path] = typer.Option((None, None), help="Two digest files to compare (exit 1 if unequal)."),
+    compare: list[Path] = typer.Option(
+        None, help="Two digest files to compare (repeat the option; exit 1 if unequal)."
+    ),
 ) -> None:
-    if compare[0] is not None:
+    if compare:
+        if len(compare) != 2:
+            raise typer.BadParameter("--compare takes two files: --compare A --compare B")
         a, b = (json.loads(f.read_text()) for f in compare)
         bad = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         typer.echo(f"{len(a)} vs {len(b)} runs; {len(bad)} differ" + (f": {', '.join(bad)}" if bad else ""))

@@ -278,6 +278,33 @@ def pooled_activations(model, tokenizer, records, completions: list[str], layer:
 # --- Basis from gradients --------------------------------------------------------------------------------------
 
 
+def basis_with(
+    g_hack: dict[str, Tensor],
+    g_clean: dict[str, Tensor],
+    bp,
+    method: str | None = None,
+    seed: int | None = None,
+    like: Basis | None = None,
+) -> Basis:
+    """`build_basis` with the extraction settings of the `basis` params `bp` (p.basis); `method` and `seed` override
+    bp's (a placebo or a random control built like the selected basis)."""
+    return build_basis(
+        g_hack,
+        g_clean,
+        bp.method if method is None else method,
+        bp.k,
+        bp.tau,
+        bp.alpha_sig,
+        bp.n_flips,
+        bp.drop_bottom_frac,
+        bp.seed if seed is None else seed,
+        bp.row_norm,
+        bp.score_norm,
+        bp.solve_m,
+        like,
+    )
+
+
 def build_basis(
     g_hack: dict[str, Tensor],
     g_clean: dict[str, Tensor],

@@ -27,7 +27,7 @@ from projected_grpo.method.basis import (
     act_basis,
     auroc,
     auroc_ci,
-    build_basis,
+    basis_with,
     completion_grads,
     cosine_scores,
     pooled_activations,
@@ -151,21 +151,7 @@ def json_ready(x):
 
 
 def make_basis(bp, g: PairGrads, method: str, like: Basis | None = None) -> Basis:
-    return build_basis(
-        g.extract_hack,
-        g.extract_clean,
-        method,
-        bp.k,
-        bp.tau,
-        bp.alpha_sig,
-        bp.n_flips,
-        bp.drop_bottom_frac,
-        bp.seed,
-        bp.row_norm,
-        bp.score_norm,
-        bp.solve_m,
-        like,
-    )
+    return basis_with(g.extract_hack, g.extract_clean, bp, method, like=like)
 
 
 def extract_all(

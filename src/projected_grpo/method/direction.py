@@ -25,7 +25,7 @@ from torch import Tensor
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.method import projection as proj
 from projected_grpo.method.arms import Arm
-from projected_grpo.method.basis import Basis, act_basis, build_basis, completion_grads, pooled_activations
+from projected_grpo.method.basis import Basis, act_basis, basis_with, completion_grads, pooled_activations
 from projected_grpo.method.gate import GateState, HeldOutPairs
 from projected_grpo.method.pairs import Pair, load_pairset, pair_records, pairset_path, select_pairs
 
@@ -133,21 +133,7 @@ def refresh_basis(
     model.zero_grad(set_to_none=True)
 
     def build(method: str, seed: int, like: Basis | None = None) -> Basis:
-        return build_basis(
-            gh,
-            gc,
-            method,
-            bp.k,
-            bp.tau,
-            bp.alpha_sig,
-            bp.n_flips,
-            bp.drop_bottom_frac,
-            seed,
-            bp.row_norm,
-            bp.score_norm,
-            bp.solve_m,
-            like,
-        )
+        return basis_with(gh, gc, bp, method, seed, like)
 
     b = build("svd" if bp.method == "random" else bp.method, bp.seed)
     if random_dir or bp.method == "random":

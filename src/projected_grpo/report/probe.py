@@ -32,7 +32,7 @@ from torch import Tensor
 
 from projected_grpo.common.stats import percentile_interval, unit_resamples, weighted_aurocs
 from projected_grpo.config import BasisParams, ProbeParams
-from projected_grpo.method.basis import Basis, auroc, build_basis, completion_grads, encode
+from projected_grpo.method.basis import Basis, auroc, basis_with, completion_grads, encode
 from projected_grpo.method.pairs import PLACEBO, Pair, pair_records, pairset_path, select_pairs
 from projected_grpo.policy.adapter import adapters, probes
 from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, mean_nll
@@ -150,20 +150,7 @@ def placebo_basis(
     recs = pair_records(ex, problems)
     gh = completion_grads(model, tokenizer, recs, [q.hack for q in ex], temperature)
     gc = completion_grads(model, tokenizer, recs, [q.clean for q in ex], temperature)
-    return build_basis(
-        gh,
-        gc,
-        method,
-        bp.k,
-        bp.tau,
-        bp.alpha_sig,
-        bp.n_flips,
-        bp.drop_bottom_frac,
-        bp.seed,
-        bp.row_norm,
-        bp.score_norm,
-        bp.solve_m,
-    )
+    return basis_with(gh, gc, bp, method)
 
 
 # --- AUROC with paired bootstrap intervals -------------------------------------------------------------------------
