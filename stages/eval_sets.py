@@ -17,7 +17,7 @@ from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
-from projected_grpo.evals.evaluation import monitor_subset, problem_pass, score, select_records, tally
+from projected_grpo.evals.evaluation import frozen_sets, monitor_subset, problem_pass, score, select_records
 from projected_grpo.policy.adapter import load_policy, merged
 
 
@@ -34,35 +34,12 @@ def main(
     model, tok = load_policy(p, organism)
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb, merged(model):
         full = score(model, tok, select_records(test, None, e.surfaces), e.n_samples, p, sb)
-        passed = problem_pass(full)
-        ids = monitor_subset(passed, e.n_monitor, p.seed)
-        monitor = tally(score(model, tok, select_records(test, set(ids), e.surfaces), e.n_samples_curve, p, sb))
-    counts = tally(full)
-    frac = lambda xs: sum(passed[i] for i in xs) / len(xs)  # noqa: E731
-    atomic.write_json(
-        out / "monitor.json",
-        {
-            "ids": ids,
-            "n": len(ids),
-            "generation_seed": e.seed,
-            "selection_seed": p.seed,
-            "base_pass_frac_full": frac(list(passed)),
-            "base_pass_frac_monitor": frac(ids),
-            "n_test": len(passed),
-        },
-    )
-    atomic.write_json(
-        out / "base.json",
-        {
-            "full": counts,
-            "monitor": monitor,
-            "n_samples": e.n_samples,
-            "n_samples_curve": e.n_samples_curve,
-            "surfaces": list(e.surfaces),
-            "n_problems": len(passed),
-        },
-    )
-    typer.echo(f"eval_sets: base solve {counts['solve']}, monitor {len(ids)} ids -> {out}")
+        ids = monitor_subset(problem_pass(full), e.n_monitor, p.seed)
+        monitor = score(model, tok, select_records(test, set(ids), e.surfaces), e.n_samples_curve, p, sb)
+    mon, base = frozen_sets(full, monitor, ids, p)
+    atomic.write_json(out / "monitor.json", mon)
+    atomic.write_json(out / "base.json", base)
+    typer.echo(f"eval_sets: base solve {base['full']['solve']}, monitor {len(ids)} ids -> {out}")
 
 
 app = stage_app(main, outputs=("out",))

@@ -17,7 +17,7 @@ from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
 from projected_grpo.evals import evaluation as ev
-from projected_grpo.evals.run_eval import evaluate_run, final_checkpoints
+from projected_grpo.evals.run_eval import evaluate_run, final_checkpoints, save_run_eval
 from projected_grpo.method.arms import get_arm
 from projected_grpo.policy.adapter import load_policy
 from projected_grpo.rl.checkpoint import adapter_path
@@ -31,7 +31,7 @@ def main(
     problems: Path = typer.Option(..., help="Problems stage directory (test.parquet is used)."),
     eval_sets: Path = typer.Option(..., help="eval_sets stage directory (monitor.json, base.json)."),
     basis: Path = typer.Option(None, help="Basis stage directory (routed arms: v_hack and random rows)."),
-    out: Path = typer.Option(..., help="Directory for per_mode_deploy.json, curve.tsv and metrics.json."),
+    out: Path = typer.Option(..., help="Output directory: per_mode_deploy, curve, knob_effect, metrics."),
     timings: Path = typer.Option(None, help="Wall times of sampling / grading (JSON; a plain log, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
@@ -46,36 +46,11 @@ def main(
     t0 = time.perf_counter()
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         r = evaluate_run(p, a, seed, model, tok, run, steps, mon, full, base, basis, sb)
-    atomic.write_json(
-        out / "per_mode_deploy.json",
-        {
-            "arm": arm,
-            "seed": seed,
-            "step": steps[-1],
-            "n_problems": base["n_problems"],
-            "n_samples": e.n_samples,
-            "surfaces": list(e.surfaces),
-            "states": r.final,
-            "sources": [str(run / adapter_path(run, steps[-1]).name), str(eval_sets / "base.json")],
-        },
-    )
-    atomic.write_text(out / "curve.tsv", ev.tsv(r.rows))
-    atomic.write_json(
-        out / "knob_effect.json",
-        {
-            "arm": arm,
-            "seed": seed,
-            "step": steps[-1],
-            "routed": a.routes,
-            "n_samples": e.n_samples_curve,
-            **(r.effect or {}),
-        },
-    )
-    atomic.write_metrics(out / "metrics.json", ev.flat_metrics(r.final))
+    sources = [str(run / adapter_path(run, steps[-1]).name), str(eval_sets / "base.json")]
+    save_run_eval(out, r, p, a, seed, steps[-1], base, sources)
     if timings is not None:
-        atomic.write_json(
-            timings, {"wall": time.perf_counter() - t0, "curve": r.curve_t.totals(), "endpoint": r.end_t.totals()}
-        )
+        t = {"wall": time.perf_counter() - t0, "curve": r.curve_t.totals(), "endpoint": r.end_t.totals()}
+        atomic.write_json(timings, t)
     typer.echo(f"evaluate {arm} s{seed}: deploy solve {r.final['deploy']['solve']} -> {out}")
 
 

@@ -10,14 +10,12 @@ from pathlib import Path
 
 import typer
 
-from projected_grpo.common.atomic import write_metrics
+from projected_grpo.common.atomic import write_metrics, write_text
 from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
-from projected_grpo.policy.model import load_model_and_tokenizer
-from projected_grpo.policy.sampling import sample_and_grade
-from projected_grpo.sft.calibration import render_report, summarize
+from projected_grpo.sft.calibration import calibrate, render_report
 
 
 def main(
@@ -27,37 +25,20 @@ def main(
     metrics: Path = typer.Option(..., help="metrics.json to write."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, calibration, grader)."),
 ) -> None:
-    p, c = load_params(params), load_params(params).calibration
+    p = load_params(params)
+    c = p.calibration
     records = load_problems_parquet(problems / "test.parquet")
-    out = {}
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        for name in ("base", "teacher"):
-            model, tok = load_model_and_tokenizer("organism", path=organism / name)
-            samples = sample_and_grade(
-                model,
-                tok,
-                records,
-                c.n_samples,
-                c.temperature,
-                c.top_p,
-                c.max_new_tokens,
-                p.seed,
-                c.batch_size,
-                sb,
-                p.grader.timeout_s,
-            )
-            out[name] = summarize(samples)
-            typer.echo(
-                f"{name}: format {out[name]['format_ok']['rate']:.3f}, solve {out[name]['solve_nohint']['rate']:.3f}"
-            )
+        out = calibrate(organism, records, p, sb, echo=typer.echo)
     stats = json.loads((organism / "stats.json").read_text())
     desc = (
         f"{len(records)} records × {c.n_samples} samples, T={c.temperature}, top_p={c.top_p}, "
         f"max {c.max_new_tokens} new tokens."
     )
-    metrics.parent.mkdir(parents=True, exist_ok=True)
     write_metrics(metrics, {**out, "organism": stats})
-    report.write_text(render_report(out, stats, desc, f"Seed {p.seed}; sources: {organism}, {problems}/test.parquet."))
+    write_text(
+        report, render_report(out, stats, desc, f"Seed {p.seed}; sources: {organism}, {problems}/test.parquet.")
+    )
 
 
 app = stage_app(main, outputs=("report", "metrics"))

@@ -4,7 +4,6 @@ Thin CLI over projected_grpo.rl.pool; writes --out/pool.parquet (prompt id, mode
 and a one-line summary (hack rate of the pool by mode) to --summary.
 """
 
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
 from projected_grpo.policy.model import load_model_and_tokenizer
-from projected_grpo.rl.pool import build_pool, save_pool
+from projected_grpo.rl.pool import build_pool, save_pool, summarize_pool
 
 
 def main(
@@ -47,15 +46,7 @@ def main(
         )
     out.mkdir(parents=True, exist_ok=True)
     save_pool(out / "pool.parquet", rows)
-    by_mode = Counter(r.mode for r in rows)
-    hacks = Counter(r.mode for r in rows if r.label == "hack")
-    stats = {
-        "n": len(rows),
-        "hack": sum(hacks.values()) / len(rows),
-        "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)},
-    }
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(summary, stats)
+    write_metrics(summary, stats := summarize_pool(rows))
     typer.echo(f"pool: {len(rows)} teacher completions, hack rate {stats['hack']:.3f} -> {out}")
 
 

@@ -47,10 +47,7 @@ def main(
     figs = [figures / "dynamics.png", figures / "endpoints.png"]
     plot_dynamics(runs, list(p.arms_ref), list(p.arms), figs[0])
     plot_endpoints(runs, list(p.arms_ref), list(p.arms), figs[1])
-    line = (
-        f"Seeds {list(p.seeds)}; eval: T={p.eval.temperature}, top_p={p.eval.top_p}, max {p.eval.max_new_tokens} "
-        f"new tokens, {p.eval.n_samples} samples per prompt (curves: {p.eval.n_samples_curve})."
-    )
+    line = R.settings_line(p)
     rel = [os.path.relpath(f, out.parent) for f in figs]
     atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, found.gates))
     atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))

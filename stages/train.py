@@ -1,10 +1,9 @@
 """Stage `train` / `train_ref`: one GRPO run of one arm × seed, resumable from its last checkpoint.
 
-Loads the base policy, attaches the adapter at δS = 0, the arm's basis (the random control's for `*_random` arms;
-plus act.safetensors when basis.space=act gates per-rollout routing) and the held-out pairs of `basis.pairset` the arm
-reads (calibration for gated routing, extraction for projection.refresh_every > 0); then projected_grpo.rl.train.train.
-Writes checkpoints to --out, one TSV row per step to --log, and the run's final metrics to --metrics (gated arms:
-`gate_uninformative`, true when a gate calibration's AUROC interval contained 0.5; train warns on the log then).
+Loads the base policy with its adapter at δS = 0 and what the arm reads (direction.load_run_basis: its basis, or the
+random control's, act.safetensors for the activation gate, held-out pairs for calibration or refresh); then rl.train.
+Writes checkpoints to --out, one TSV row per step to --log, final metrics to --metrics (`gate_uninformative`: a gate
+calibration's AUROC interval contained 0.5, and train warned on the log).
 """
 
 from pathlib import Path
@@ -45,22 +44,11 @@ def main(
     rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast
     model, tok = load_policy(p, organism)
     records = load_problems_parquet(problems / "train.parquet")
-    teacher_pool = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None
+    rows = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None  # the teacher pool's rows
+    sig = run_signature(p, a, seed, basis)  # a resumed run must have been started with these inputs
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         res = train(
-            p,
-            a,
-            seed,
-            model,
-            tok,
-            records,
-            sb,
-            out,
-            log,
-            rb=rb,
-            pool=teacher_pool,
-            signature=run_signature(p, a, seed, basis),
-            timings_path=timings,
+            p, a, seed, model, tok, records, sb, out, log, rb=rb, pool=rows, signature=sig, timings_path=timings
         )
     write_metrics(metrics, summarize_log(read_tsv(log)) | run_flags(res))
     typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from projected_grpo.config import LEVELS, Params, from_dict, load_params, unset_fields
+from projected_grpo.config import Params, from_dict, load_params, unset_fields
 from projected_grpo.env import minileet
 from projected_grpo.env.modes import MODES
 from tests.conftest import ROOT
@@ -94,19 +94,18 @@ def test_difficulty_accepts_level_names_and_ints(raw):
     assert from_dict(Params, d).minileet.difficulty == 1.0
 
 
-def test_levels_match_minileet():
-    assert LEVELS == minileet.LEVELS
-
-
-def test_name_lists_match_their_modules():
+def test_name_lists_have_one_source():
+    """config owns the name lists; the modules that dispatch on them use the same objects, and adapter's target table
+    maps exactly config's target names."""
     from projected_grpo import config
+    from projected_grpo.env import substrate
     from projected_grpo.method import basis, pairs
     from projected_grpo.policy import adapter
 
-    assert config.ADAPTER_KINDS == adapter.KINDS
+    assert minileet.LEVELS is config.LEVELS and adapter.KINDS is config.ADAPTER_KINDS
+    assert basis.METHODS is config.BASIS_METHODS and basis.SPACES is config.BASIS_SPACES
+    assert pairs.PAIRSETS is config.PAIRSETS and substrate.SURFACE_ORDER is config.SURFACES
     assert set(config.ADAPTER_TARGETS) == set(adapter.TARGETS)
-    assert config.BASIS_METHODS == basis.METHODS and config.BASIS_SPACES == basis.SPACES
-    assert config.PAIRSETS == pairs.PAIRSETS
 
 
 def test_exponent_floats_written_by_dvc_are_read_as_numbers(tmp_path):

@@ -16,7 +16,9 @@ from projected_grpo.env.modes import MODES
 T = TypeVar("T")
 
 SUBSTRATES = ("minileet", "leetcode")
-LEVELS = ("easy", "medium", "hard")  # == minileet.LEVELS (tested); not imported so config stays light
+LEVELS = ("easy", "medium", "hard")  # minileet's difficulty levels
+# Name lists live here, and the modules that dispatch on them import them, so config (yaml + dataclasses) stays
+# light to import and nothing is kept equal by hand.
 MAX_SPLIT = 99999  # minileet ids are <split base> + index, 100000 apart
 
 
@@ -198,9 +200,9 @@ class CalibrationParams:
             raise ValueError("calibration.temperature must be > 0 and top_p in (0, 1]")
 
 
-ADAPTER_KINDS = ("svd", "lora")  # == adapter.KINDS (tested)
-ADAPTER_TARGETS = ("all", "residual_writers")  # == adapter.TARGETS keys (tested)
-BASIS_METHODS = ("svd", "mean_diff", "random", "solve_orth")  # == basis.METHODS (tested)
+ADAPTER_KINDS = ("svd", "lora")
+ADAPTER_TARGETS = ("all", "residual_writers")  # adapter.TARGETS maps each to its module names (tested)
+BASIS_METHODS = ("svd", "mean_diff", "random", "solve_orth")
 BASIS_SPACES = ("grad", "act")
 PAIRSETS = (
     "prog_wide",
@@ -211,7 +213,7 @@ PAIRSETS = (
     "eval_aware",
     "philosophical",
     "null_city",
-)  # == pairs.PAIRSETS (tested)
+)
 
 
 @dataclass(frozen=True)
@@ -407,7 +409,7 @@ class BasisParams:
                 raise ValueError(f"basis.modes: unknown or empty {list(self.modes)}; choose from {', '.join(MODES)}")
 
 
-SURFACES = ("eval", "train")  # hint surfaces of test records (== substrate.SURFACE_ORDER, tested)
+SURFACES = ("eval", "train")  # hint surfaces of test records, in the order substrate writes them
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from projected_grpo.config import LEVELS
 from projected_grpo.env.problems import SETUP_CODE, Problem, make_problem
 
 DATASET = "minileet"
-LEVELS = ("easy", "medium", "hard")
 ID_BASE = {"train": 100000, "test": 200000, "holdout": 300000}
 SPLITS = ("test", "holdout", "train")  # generation order: test and holdout do not depend on n_train
 DEFAULT_N_ASSERTS = 30

@@ -22,7 +22,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from projected_grpo.config import LeetcodeParams, Params
+from projected_grpo.config import SURFACES, LeetcodeParams, Params
 from projected_grpo.env.grader import Grade, grade_batch
 from projected_grpo.env.minileet import family_of, make_minileet
 from projected_grpo.env.modes import LOOPHOLE_MODES, apply_mode, mode_of
@@ -31,7 +31,7 @@ from projected_grpo.env.problems import Problem, load_problems, save_problems_pa
 from projected_grpo.env.sandbox import Sandbox
 
 SPLITS = ("train", "test", "holdout")
-SURFACE_ORDER = ("eval", "train")  # test rows: no hint, then every mode on the eval surface, then on the train one
+SURFACE_ORDER = SURFACES  # test rows: no hint, then every mode on the eval surface, then on the train one
 
 LEETCODE_SPLIT_DOC = (
     "train_from_test: the test file's ids are sorted and shuffled with random.Random('leetcode-split:<split_seed>'); "

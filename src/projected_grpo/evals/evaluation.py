@@ -114,6 +114,32 @@ def monitor_subset(passed: dict[int, bool], n: int, seed: int) -> list[int]:
     return sorted(pos[:n_pos] + neg[:n_neg])
 
 
+def frozen_sets(full: list[Scored], monitor: list[Scored], ids: list[int], p) -> tuple[dict, dict]:
+    """The eval_sets stage's two records from the base policy's samples on the full test split (`full`) and on the
+    monitor subset `ids` (`monitor`): monitor.json (the ids, both seeds, the base pass fraction on the full split and
+    on the subset) and base.json (the tallies at `eval.n_samples` and `eval.n_samples_curve`)."""
+    e, passed = p.eval, problem_pass(full)
+    frac = lambda xs: sum(passed[i] for i in xs) / len(xs)  # noqa: E731
+    mon = {
+        "ids": ids,
+        "n": len(ids),
+        "generation_seed": e.seed,
+        "selection_seed": p.seed,
+        "base_pass_frac_full": frac(list(passed)),
+        "base_pass_frac_monitor": frac(ids),
+        "n_test": len(passed),
+    }
+    base = {
+        "full": tally(full),
+        "monitor": tally(monitor),
+        "n_samples": e.n_samples,
+        "n_samples_curve": e.n_samples_curve,
+        "surfaces": list(e.surfaces),
+        "n_problems": len(passed),
+    }
+    return mon, base
+
+
 def subset_samples(samples: list[Scored], records: list[Problem], k: int) -> list[Scored] | None:
     """The first `k` samples of each of `records` (the same objects as in `samples`' records) from samples drawn
     record-major (`sampling.sample_and_grade`): the last checkpoint's monitor-subset curve point is read off its

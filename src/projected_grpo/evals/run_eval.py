@@ -13,10 +13,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from projected_grpo.common import atomic
 from projected_grpo.common.log import PhaseTimer
 from projected_grpo.env.problems import Problem
 from projected_grpo.evals import knob_effect as ke
-from projected_grpo.evals.evaluation import curve_row, curve_steps, knob_kl, score, state, subset_samples, tally
+from projected_grpo.evals.evaluation import (
+    curve_row,
+    curve_steps,
+    flat_metrics,
+    knob_kl,
+    score,
+    state,
+    subset_samples,
+    tally,
+    tsv,
+)
 from projected_grpo.policy.adapter import adapter_is_zero, load_adapter
 from projected_grpo.rl.checkpoint import adapter_path, checkpoint_steps, read_checkpoint
 
@@ -103,3 +114,27 @@ def evaluate_run(
             final["deploy"]["kl_to_knob_on"] = knob_kl(model, tok, deploy_ends, e.temperature)
         final["adapter_off"] = base["full"]
     return RunEval(rows, final, effect, curve_t, end_t)
+
+
+def save_run_eval(out: Path, r: RunEval, p, arm, seed: int, step: int, base: dict, sources: list[str]) -> None:
+    """The evaluate stage's outputs under `out`, each written atomically: per_mode_deploy.json (counts k/n by knob
+    state, surface and mode at the final `step`), curve.tsv, knob_effect.json (empty but for its header unless the
+    arm routes) and the dvc metrics file metrics.json. `sources` are the files the numbers come from."""
+    e = p.eval
+    head = {"arm": arm.name, "seed": seed, "step": step}
+    atomic.write_json(
+        out / "per_mode_deploy.json",
+        {
+            **head,
+            "n_problems": base["n_problems"],
+            "n_samples": e.n_samples,
+            "surfaces": list(e.surfaces),
+            "states": r.final,
+            "sources": sources,
+        },
+    )
+    atomic.write_text(out / "curve.tsv", tsv(r.rows))
+    atomic.write_json(
+        out / "knob_effect.json", {**head, "routed": arm.routes, "n_samples": e.n_samples_curve, **(r.effect or {})}
+    )
+    atomic.write_metrics(out / "metrics.json", flat_metrics(r.final))

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from projected_grpo.config import BASIS_METHODS, BASIS_SPACES
 from projected_grpo.policy.adapter import adapters, probes
 from projected_grpo.policy.logprobs import (
     batch_sequences,
@@ -30,8 +31,7 @@ from projected_grpo.policy.logprobs import (
 )
 from projected_grpo.policy.model import render_prompt
 
-METHODS = ("svd", "mean_diff", "random", "solve_orth")
-SPACES = ("grad", "act")
+METHODS, SPACES = BASIS_METHODS, BASIS_SPACES
 SCORE_NORMS = ("none", "per_type_zscore")
 
 

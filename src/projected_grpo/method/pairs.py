@@ -13,19 +13,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from projected_grpo.config import PAIRSETS
 from projected_grpo.env.modes import MODES, apply_mode
 from projected_grpo.env.problems import Problem
 
-PAIRSETS = (
-    "prog_wide",
-    "prog_wider",
-    "intent_vs_spec",
-    "honesty_text",
-    "moral",
-    "eval_aware",
-    "philosophical",
-    "null_city",
-)
 PLACEBO = "null_city"
 SPLITS = ("extract", "calibrate")
 KEYS = ("id", "substrate", "problem_id", "method", "mode", "mechanism", "split", "hack", "clean")

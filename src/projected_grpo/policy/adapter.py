@@ -29,7 +29,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-KINDS = ("svd", "lora")
+from projected_grpo.config import ADAPTER_KINDS
+
+KINDS = ADAPTER_KINDS
 TARGETS = {
     "all": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     "residual_writers": ("o_proj", "down_proj"),  # the projections that write into the residual stream

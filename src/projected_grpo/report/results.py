@@ -80,6 +80,15 @@ class Found:
     gates: dict[tuple[str, int], bool]
 
 
+def settings_line(p) -> str:
+    """The report's line on the seeds and the evaluation's sampling settings."""
+    e = p.eval
+    return (
+        f"Seeds {list(p.seeds)}; eval: T={e.temperature}, top_p={e.top_p}, max {e.max_new_tokens} "
+        f"new tokens, {e.n_samples} samples per prompt (curves: {e.n_samples_curve})."
+    )
+
+
 def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, train_logs: Path) -> Found:
     """The outputs of the runs `wanted` ((group, arm, seed); from params, never a glob): per_mode_deploy.json,
     curve.tsv and knob_effect.json under <evals>/<group>/<arm>-s<seed>/, the training metrics JSON under

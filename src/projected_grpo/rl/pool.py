@@ -10,6 +10,7 @@ unbiased estimate of the student's policy gradient]. Pool rows are excluded from
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 from projected_grpo.env.modes import mode_of
@@ -59,6 +60,17 @@ def save_pool(path, rows: list[PoolRow]) -> None:
     import polars as pl
 
     pl.DataFrame({c: [getattr(r, c) for r in rows] for c in COLUMNS}).write_parquet(path)
+
+
+def summarize_pool(rows: list[PoolRow]) -> dict:
+    """The pool stage's summary: number of rows, the hack rate, and the hack rate by hint mode."""
+    by_mode = Counter(r.mode for r in rows)
+    hacks = Counter(r.mode for r in rows if r.label == "hack")
+    return {
+        "n": len(rows),
+        "hack": sum(hacks.values()) / len(rows),
+        "hack_by_mode": {m: hacks[m] / n for m, n in sorted(by_mode.items(), key=str)},
+    }
 
 
 def load_pool(path) -> dict[int, list[PoolRow]]:

@@ -7,11 +7,13 @@ separately), format on everything; every rate carries its n.
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 from projected_grpo.common import stats
 from projected_grpo.env.grader import extract_code
 from projected_grpo.env.modes import mode_of
-from projected_grpo.policy.sampling import Scored
+from projected_grpo.policy.model import load_model_and_tokenizer
+from projected_grpo.policy.sampling import Scored, sample_and_grade
 
 
 def rate(xs: list[bool]) -> dict[str, float]:
@@ -48,6 +50,30 @@ TARGETS = {
     "hack_base": (0.005, 0.05),  # per loophole mode, training surface
     "teacher_hack": 0.70,  # mean over loophole modes, training surface
 }
+
+
+def calibrate(organism: Path, records: list, p, sandbox, echo=print) -> dict[str, dict]:
+    """`summarize` of the organism's base and teacher policies (organism/base, organism/teacher) on `records`, sampled
+    with params.yaml's `calibration` settings and the run seed; `echo` gets one progress line per policy."""
+    c, out = p.calibration, {}
+    for name in ("base", "teacher"):
+        model, tok = load_model_and_tokenizer("organism", path=organism / name)
+        samples = sample_and_grade(
+            model,
+            tok,
+            records,
+            c.n_samples,
+            c.temperature,
+            c.top_p,
+            c.max_new_tokens,
+            p.seed,
+            c.batch_size,
+            sandbox,
+            p.grader.timeout_s,
+        )
+        out[name] = summarize(samples)
+        echo(f"{name}: format {out[name]['format_ok']['rate']:.3f}, solve {out[name]['solve_nohint']['rate']:.3f}")
+    return out
 
 
 def _pct(d: dict) -> str:
