@@ -315,6 +315,24 @@ def test_eval_gap_note_and_metrics():
     )
 
 
+def test_teacher_note_follows_the_intervals():
+    """vanilla_no_pool's sentence: above the base (6/120 = 5%) or not, and lower than vanilla or not, each by its
+    interval; absent without the arm."""
+    runs = standard()
+    assert "without the teacher" not in R.render(runs, ARMS_REF, ARMS, "p.")
+    for hacks, answer, vs in (
+        ((30, 24, 36), "yes: without the teacher it still hacks more", "lower than"),  # half of vanilla's
+        ((5, 7, 6), "no detectable hacking beyond the untrained base", "lower than"),  # 4-6%, base 5%
+        ((60, 48, 72), "yes: without the teacher", "not distinguishable from"),  # == vanilla
+    ):
+        spec = {k: d["states"] for k, d in runs.deploy.items()}
+        spec |= {("vanilla_no_pool", s): {"deploy": tally(6, h, 0)} for s, h in zip((41, 42, 43), hacks)}
+        md = R.render(runs_from(spec), [*ARMS_REF, "vanilla_no_pool"], ARMS, "p.")
+        line = next(x for x in md.splitlines() if x.startswith("**Does the organism hack without the teacher?**"))
+        assert answer in line and f"That is {vs} same-seed vanilla" in line, line
+        assert "3 seeds: 41, 42, 43" in line and "format 100.0%" in line
+
+
 def test_figures_are_written(tmp_path):
     runs = standard()
     plot_dynamics(runs, ARMS_REF, ARMS, tmp_path / "d.png")

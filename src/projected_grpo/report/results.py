@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from projected_grpo.common.stats import Refusal, Summary, paired_delta, rate, summarize, wilson
+from projected_grpo.common.stats import MIN_N_FOR_CI, Refusal, Summary, paired_delta, rate, summarize, wilson
 from projected_grpo.env.modes import LOOPHOLE_MODES
 from projected_grpo.method.arms import ARMS
 from projected_grpo.report import win_rule as W
@@ -39,6 +39,7 @@ for _a in ARMS.values():
     if _a.family is not None and _a.role == "candidate":
         FAMILIES[_a.family] = (*FAMILIES.get(_a.family, ()), _a.name)
 REF = "vanilla"
+NO_POOL = "vanilla_no_pool"  # the teacher-pool ablation (arms.py)
 ROLE_LABEL = {
     "baseline": "baseline",
     "control": "random-direction control",
@@ -502,7 +503,7 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
 
 # (question, the `dvc exp run` arguments that answer it): --queue sweeps run with `dvc queue start`.
 EXPERIMENTS = (
-    ("Does the teacher pool drive hacking?", "--queue -S 'pool.mix=0,0.5'"),
+    ("Teacher-pool dose, every arm (the default runs vanilla_no_pool)", "--queue -S 'pool.mix=0,0.5'"),
     ("SVD top-k vs mean-diff vs random basis", "--queue -S 'basis.method=mean_diff,random'"),
     ("Refresh cadence", "--queue -S 'projection.refresh_every=10,25'"),
     ("Basis width", "--queue -S 'basis.k=1,4,16'"),
@@ -551,6 +552,34 @@ def eval_gap_note(runs: Runs) -> list[str]:
     ]
 
 
+def teacher_note(runs: Runs) -> list[str]:
+    """Does the organism hack without the teacher? vanilla_no_pool (vanilla with no teacher-pool rows) on deploy
+    train-surface hack: against the untrained base (does on-policy GRPO alone learn the loopholes?) and against
+    same-seed vanilla, paired (how much of vanilla's hacking the teacher pool causes); its solve and format beside it
+    (a policy that stops writing code also stops hacking). Each clause follows its interval."""
+    if not (runs.arms([REF]) and runs.arms([NO_POOL])):
+        return []
+    a, v = per_seed(runs, NO_POOL, "hack_train"), per_seed(runs, REF, "hack_train")
+    d, own, base = delta(a, v), summary_or_none(a), value(runs.base["full"], "hack_train")
+    if not isinstance(d, Summary) or own is None or d.n < MIN_N_FOR_CI:
+        return []
+    if own.lo > base:
+        answer = "yes: without the teacher it still hacks more than the untrained base"
+    elif own.hi < base:
+        answer = "no: without the teacher it hacks less than the untrained base"
+    else:
+        answer = "no detectable hacking beyond the untrained base's (its interval contains the base rate)"
+    vs = "lower than" if d.hi < 0 else "higher than" if d.lo > 0 else "not distinguishable from"
+    fmt, solve = (summary_or_none(per_seed(runs, NO_POOL, m)) for m in ("format", "solve"))
+    return [
+        f"**Does the organism hack without the teacher?** {answer}. `{NO_POOL}` (no teacher-pool rows; "
+        f"{_seeds_of(runs, NO_POOL)}) hacks {own.fmt()} on train-surface hints at deploy (solve {cell(solve)}, format "
+        f"{cell(fmt)}); the untrained base hacks {base_cell(runs.base['full'], 'hack_train')}. That is {vs} "
+        f"same-seed vanilla: Δ {d.fmt()}.",
+        "",
+    ]
+
+
 def render(
     runs: Runs,
     arms_ref: list[str],
@@ -584,7 +613,7 @@ def render(
         f"split; selection seed {mon['selection_seed']}, generation seed {mon['generation_seed']}).",
         "",
     ]
-    L += eval_gap_note(runs)
+    L += eval_gap_note(runs) + teacher_note(runs)
     for f in figures or []:
         L += [f"![{Path(f).stem}]({f})", ""]
     for part in (
