@@ -211,11 +211,19 @@ def reads_labels(col: str) -> bool:
     return col in ("hack", "solve", "gate_auroc_live") or col.startswith("hack_")
 
 
-@pytest.mark.parametrize("arm,col", [("route_per_rollout_random", "routed"), ("erase_one_sided_random", "removed")])
+@pytest.mark.parametrize(
+    "arm,col",
+    [
+        ("route_per_rollout_random", "routed"),
+        ("route_two_sided_random", "routed"),
+        ("erase_one_sided_random", "removed"),
+    ],
+)
 def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm, col):
     """projection.random_match=mass: at every step the control's routed (erased) share of g equals the share the same
     rule moves along v_hack from the same gradients and gates (logged as match_target, computed independently of the
-    control's own rows); with rank it is the control's own amount, and nothing is matched."""
+    control's own rows); with rank it is the control's own amount, and nothing is matched. route_per_token_random
+    (no per-token v_hack capture) and route_full_random (matched by construction) log no target."""
     run(world, arm, tmp_path / "m")
     mass = log_column(tmp_path / "m", col)
     target = log_column(tmp_path / "m", "match_target")
@@ -224,8 +232,9 @@ def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm
     run(world, arm, tmp_path / "r", p=p)
     assert "match_target" not in log_columns(tmp_path / "r")
     assert log_column(tmp_path / "r", col)[0] != pytest.approx(mass[0], rel=1e-3)  # the first step's g is the same
-    run(world, "route_per_token_random", tmp_path / "t")  # per-token: rank-matched only (documented), no column
-    assert "match_target" not in log_columns(tmp_path / "t")
+    for ctl in ("route_per_token_random", "route_full_random"):
+        run(world, ctl, tmp_path / ctl)
+        assert "match_target" not in log_columns(tmp_path / ctl)
 
 
 def same(a, b) -> bool:
@@ -312,6 +321,28 @@ def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
             assert float(resid.norm()) <= 1e-5 * max(float(kn.norm()), 1e-12)
             assert (vh[n] @ kn <= 1e-6).all(), "one-sided routing: knob coordinates are ≤ 0 (method.md §6.10)"
     assert any(float(kn.abs().max()) > 0 for _, kn in res.values()) or arm == "erase_no_gate"
+
+
+@pytest.mark.parametrize("arm", ["route_two_sided", "route_full"])
+def test_linear_routing_end_to_end(world, tmp_path, arm):
+    """After real GRPO steps: the two-sided split keeps the knob inside span(Vh); whole-rollout routing puts the routed
+    rollouts' tail in the knob too (a large part of it lies outside span(Vh)). Modules without a basis get no knob
+    either way; the log shows something routed (‖h‖ / ‖g‖ > 0) and nothing erased (main + knob = g)."""
+    res = run(world, arm, tmp_path, p=tiny_params())
+    vh = world["basis"].vh
+    outside = []
+    for n, (_, kn) in res.items():
+        if n not in vh:
+            assert float(kn.abs().max()) == 0
+            continue
+        resid = kn - vh[n].T @ (vh[n] @ kn)
+        outside.append(float(resid.norm()) / max(float(kn.norm()), 1e-12))
+    if arm == "route_two_sided":
+        assert max(outside) <= 1e-5
+    else:
+        assert max(outside) > 0.5
+    assert any(float(kn.abs().max()) > 0 for _, kn in res.values())
+    assert max(log_column(tmp_path, "routed")) > 0 and max(log_column(tmp_path, "removed")) < 1e-5
 
 
 # --- per-step diagnostics and the gate guard rail -------------------------------------------------------------------

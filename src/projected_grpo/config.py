@@ -334,7 +334,7 @@ class ProjectionParams:
     # Random-direction controls (`*_random`): mass = each step, what the control moves out of main (routed or erased)
     # is rescaled (one factor over all modules) to the norm the same rule moves along v_hack from the same gradients
     # and gates; rank = only the same k per module. route_per_token_random is rank-matched either way (no per-token
-    # v_hack capture).
+    # v_hack capture); route_full_random moves whole rollouts, as much as v_hack's rule would with the same gates.
     random_match: str = "mass"
 
     def __post_init__(self) -> None:

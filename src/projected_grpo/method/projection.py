@@ -94,11 +94,57 @@ def route_per_rollout(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = Non
     return total - knob, knob
 
 
+def route_two_sided(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates -> (main, knob), each (r,): knob = Σ_n m_n α_n, both signs, in
+    span(Vh) only (knob tail 0); main = total − knob (`total` as in `route_per_rollout`).
+
+    Why both signs: the one-sided split sends Σ_n m_n relu(α_n) to the knob, ≥ 0 on every coordinate even when α is
+    zero-mean noise, so main gets the mirror-image bias and, under separate Adam moments, main and knob ramp apart at
+    ~lr per step; deleting the knob then exposes the main's excursion (routing.md §1). A linear split routes
+    noise as noise: E[knob] = 0 when E[α] = 0, and the knob only accumulates what the gated rollouts consistently
+    push along v_hack. The price: a routed hack rollout with A_n < 0 (α_n < 0) now trains the knob toward anti-hack,
+    which deleting the knob undoes (method.md §3.5's reason for one-sidedness), so it is an experiment, not a fix."""
+    total = x_n.sum(0) if total is None else total  # (r,)
+    knob = torch.zeros_like(total)
+    knob[:k] = (m.to(x_n.dtype)[:, None] * x_n[:, :k]).sum(0)  # (k,) either sign
+    return total - knob, knob
+
+
+def route_full(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates -> (main, knob), each (r,): knob = Σ_n m_n x_n, the routed
+    rollouts' *whole* gradient on the module (method.md §3.4 `route_full`, SGTM-like); main = total − knob. k unused.
+
+    Tail included [design]: the knob also gets the coordinates outside span(Vh). Routing only the span(Vh) part of a
+    rollout is `route_two_sided`; the point of whole-rollout routing is that deleting the knob removes everything the
+    routed rollouts taught this module (SGTM's quarantine), not one slice of it. δS_h = R φ is a full (D,) vector and
+    the rotated optimizer steps every φ coordinate, so it holds the tail as it is; the knob tail is 0 for every other
+    rule only because they write none. Modules without a basis (dropped: R = I, `train.edit`) still get no knob, so
+    "no projection and no knob" for dropped modules (method.md §3.3 step 5) holds for this rule too. Linear in x_n, so
+    like the two-sided split it routes zero-mean noise with zero mean. Its moved norm ‖Σ_n m_n g_n‖ is the same in
+    any rotation, so a random-direction control moves exactly what v_hack's rule would with the same gates (only the
+    gate differs): mass-matched by construction (arms.py)."""
+    total = x_n.sum(0) if total is None else total  # (r,)
+    knob = (m.to(x_n.dtype)[:, None] * x_n).sum(0)  # (r,) every coordinate
+    return total - knob, knob
+
+
+# Per-rollout routing rules (gate "rollout"): edit -> (x_n, k, m, total) -> (main, knob).
+ROLLOUT_RULES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "route_per_rollout": route_per_rollout,
+    "route_two_sided": route_two_sided,
+    "route_full": route_full,
+}
+KNOB_TAIL = ("route_full",)  # rules whose knob has coordinates outside span(Vh) (all others: the knob tail is 0)
+
+
 def moved_norm(edit: str, alpha: Tensor, m: Tensor | None = None) -> float:
     """‖what an arm's rule moves out of main‖ (routed to the knob or erased) for basis coefficients `alpha`: (N, k)
-    per-rollout α_n with gates m (N,) for route_per_rollout, (k,) batch α for the batch-mode rules."""
+    per-rollout α_n with gates m (N,) for route_per_rollout and route_two_sided, (N, D) whole per-rollout gradients
+    (any rotation: the norm is rotation-invariant) for route_full, (k,) batch α for the batch-mode rules."""
     if edit == "route_per_rollout":
         return float((m.to(alpha.dtype)[:, None] * alpha.clamp(min=0)).sum(0).norm())
+    if edit in ("route_two_sided", "route_full"):
+        return float((m.to(alpha.dtype)[:, None] * alpha).sum(0).norm())
     main_h, _ = EDITS[arm_key(edit)](alpha)
     return float((alpha - main_h).norm())
 
@@ -153,9 +199,14 @@ def _batch_rule(name: str) -> Rule:
     return lambda s: edit_coords(s.x, s.k, name)
 
 
+def _rollout_rule(f) -> Rule:
+    """A per-rollout rule on ModuleGrads; with own-token x_n (a shared prompt forward) the batch total is passed."""
+    return lambda s: f(s.x_n, s.k, s.gate, s.x if s.own_tokens else None)
+
+
 RULES: dict[str, Rule] = {
     **{name: _batch_rule(name) for name in EDITS},
-    "route_per_rollout": lambda s: route_per_rollout(s.x_n, s.k, s.gate, s.x if s.own_tokens else None),
+    **{name: _rollout_rule(f) for name, f in ROLLOUT_RULES.items()},
     "route_per_token": lambda s: route_per_token(s.coef, s.gate, s.x),
 }
 
