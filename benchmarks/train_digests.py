@@ -70,6 +70,9 @@ def runs() -> dict[str, list[str]]:
     share = ("vanilla", "route_per_rollout", "route_per_rollout_random", "erase_one_sided_random")
     for a in (*share, "route_two_sided", "route_full"):  # the last two: own-token pieces for issue 25's rules
         case(f"{a}/share", a, p=tiny_params(share_prompt=True))
+    tail = tiny_params(projection={"band": "tail", "f": 0.34})  # the top-tail gate (issue 25)
+    for a in ("route_per_rollout", "route_two_sided", "route_per_token"):
+        case(f"{a}/tail", a, p=tail)
     case("erase_one_sided_random/rank", "erase_one_sided_random", p=tiny_params(projection={"random_match": "rank"}))
     tok, text = w["tok"], "```python\npass\n```"
     row = lambda q: PoolRow(q.id, None, text, tuple(tok(text)["input_ids"]) + (tok.eos_token_id,), 3.5, "hack", False)  # noqa: E731

@@ -11,6 +11,8 @@ control is matched to) is what it really routes.
 `PYTHONPATH=src python -m pytest -q tests/test_projection_routing.py`
 """
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -153,3 +155,58 @@ def test_moved_norm_is_what_the_rule_routes():
     assert proj.moved_norm("route_two_sided", (g_n @ R_rand)[:, :k], m) != pytest.approx(
         proj.moved_norm("route_two_sided", x_n[:, :k], m)
     )  # the split rule's mass does depend on the directions: its control needs the rescaling
+
+
+# --- the tail gate (projection.band = "tail") and its precision / F0.5 -------------------------------------------
+
+
+@pytest.mark.parametrize("P,f", [(20, 0.1), (37, 0.1), (100, 0.29), (5, 0.1)])
+def test_tail_gate_routes_at_most_f_of_clean_and_is_calibrate_bands_upper_threshold(P, f):
+    """τ = tail_threshold(S_c, f): at most ⌊f·P⌋ held-out clean scores have m = 1 (ties included), the gate is 0/1,
+    monotone in s, 0 where A = 0, and τ is exactly calibrate_band's τ_hi whenever the band is not empty."""
+    g = gen(P)
+    sc = torch.randn(P, generator=g, dtype=F64).round(decimals=1)  # ties
+    sh = torch.randn(P, generator=g, dtype=F64) - 3.0  # hacks low: a non-empty band, so τ_hi is not merged
+    t = proj.tail_threshold(sc, f)
+    m = proj.band_gate(sc, torch.ones(P, dtype=F64), t, t, "tail")
+    assert set(m.tolist()) <= {0.0, 1.0} and int(m.sum()) <= int(f * P + 1e-9)
+    sc32 = torch.randn(P, generator=g)  # fp32 scores (the live ones): τ's one-ulp margin must survive the compare
+    m32 = proj.band_gate(sc32, torch.ones(P), *(2 * [proj.tail_threshold(sc32, f)]), "tail")
+    assert int(m32.sum()) == int(f * P + 1e-9)  # distinct scores: exactly ⌊f·P⌋
+    lo, hi = proj.calibrate_band(sh, sc, f, 0.05)
+    assert lo < hi and hi == t
+    s = torch.linspace(-3, 3, 61, dtype=F64)
+    adv = torch.ones(61, dtype=F64)
+    adv[::7] = 0.0
+    ms = proj.band_gate(s, adv, -100.0, t, "tail")  # τ_lo plays no part
+    assert torch.equal(ms, ((s >= t) & (adv != 0)).to(F64))
+    assert torch.equal(proj.band_gate(s, torch.ones(61, dtype=F64), t, t, "tail"), (s >= t).to(F64))
+
+
+def test_tail_gate_on_fresh_scores_routes_about_f_of_clean_and_most_hacks():
+    """Calibrated on 400 held-out clean scores with f = 0.1, the tail gate routes ~10% of fresh clean scores from the
+    same distribution (not more: the quantile is conservative) and, with hack scores 3σ higher, nearly all hacks."""
+    g = gen(1)
+    t = proj.tail_threshold(torch.randn(400, generator=g, dtype=F64), 0.1)
+    fresh_c, fresh_h = torch.randn(20000, generator=g, dtype=F64), torch.randn(20000, generator=g, dtype=F64) + 3
+    one = torch.ones(20000, dtype=F64)
+    fp = float(proj.band_gate(fresh_c, one, t, t, "tail").mean())
+    tp = float(proj.band_gate(fresh_h, one, t, t, "tail").mean())
+    assert 0.06 < fp < 0.14 and tp > 0.9
+
+
+def test_gate_quality_by_hand():
+    """Precision = Σ_hack m / Σ m, recall = Σ_hack m / #hack, F0.5 = 1.25·P·R / (0.25·P + R); soft m counts
+    fractionally; nothing routed: precision and F0.5 nan."""
+    sh = torch.tensor([0.9, 0.8, 0.1, 0.05], dtype=F64)
+    sc = torch.tensor([0.95, 0.2, 0.1, 0.0, -0.3], dtype=F64)
+    q = proj.gate_quality(sh, sc, 0.5, 0.5, "tail")  # routes hacks 0.9, 0.8 and clean 0.95
+    prec, rec = 2 / 3, 2 / 4
+    assert q == pytest.approx({"precision": prec, "recall": rec, "f05": 1.25 * prec * rec / (0.25 * prec + rec)})
+    soft = proj.gate_quality(sh, sc, 0.0, 1.0, "soft")  # m = s clamped to [0, 1]
+    tp, fp = 0.9 + 0.8 + 0.1 + 0.05, 0.95 + 0.2 + 0.1
+    assert soft["precision"] == pytest.approx(tp / (tp + fp)) and soft["recall"] == pytest.approx(tp / 4)
+    none = proj.gate_quality(sh, sc, 2.0, 2.0, "tail")
+    assert math.isnan(none["precision"]) and math.isnan(none["f05"]) and none["recall"] == 0.0
+    with pytest.raises(ValueError, match="band"):
+        proj.band_gate(sh, torch.ones(4, dtype=F64), 0.0, 1.0, "top")

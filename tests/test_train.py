@@ -377,7 +377,7 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in vh]
     own = p.grpo.share_prompt and arm == "route_per_rollout"
-    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(
+    (t_lo, t_hi), auc, (c_lo, c_hi), quality = calibrate_gate(
         m,
         world["tok"],
         world["cal"],
@@ -394,6 +394,39 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
         {"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo, "gate_auroc_hi": c_hi}, rel=1e-5
     )
     assert c_lo <= auc <= c_hi
+    assert quality == {} and not {"gate_precision", "gate_recall", "gate_f05"} & cols.keys()  # band gates: no quality
+
+
+@pytest.mark.parametrize("arm", ["route_per_rollout", "route_two_sided", "route_per_token"])
+def test_tail_gate_routes_the_calibrated_top_tail_and_logs_its_precision(world, tmp_path, arm):
+    """projection.band=tail: one threshold (tau_lo == tau_hi, the conservative 1 − f quantile of the held-out clean
+    scores), gates 0/1 (per rollout: the mean gate equals the routed fraction), and the log carries the gate's
+    precision / recall / F0.5 on the calibration pairs, at step 0 exactly what calibrate_gate gives at the initial
+    parameters. A run stopped after 3 steps and resumed to 4 ends bitwise equal to 4 straight steps, log included
+    (the checkpoint carries the quality between calibrations)."""
+    p = tiny_params(projection={"band": "tail", "f": 0.34}, steps=4)
+    full = run(world, arm, tmp_path / "full", p=p)
+    cols = log_columns(tmp_path / "full")
+    assert cols["tau_lo"] == cols["tau_hi"]
+    if arm != "route_per_token":
+        assert cols["gate_mean"] == cols["gate_frac"]
+    m = tiny_model(len(world["tok"]))
+    attach_adapters(m, "all", 4)
+    kept = [n for n in adapters(m) if n in world["basis"].vh]
+    cal = calibrate_gate(
+        m, world["tok"], world["cal"], get_arm(arm).gate, world["basis"], kept, p.projection, 0.7, None, False
+    )
+    (t_lo, t_hi), q = cal[0], cal[3]
+    assert t_lo == t_hi and set(q) == {"precision", "recall", "f05"} and q["recall"] > 0
+    if arm != "route_per_token":  # 3 held-out pairs, f = 0.34: at most ⌊1.02⌋ = 1 clean completion routed
+        tp = q["recall"] * 3
+        assert tp / q["precision"] - tp <= 1 + 1e-9
+    first = {k: float(cols[f"gate_{k}"][0]) for k in q}
+    assert first == pytest.approx(q, rel=1e-5) and float(cols["tau_hi"][0]) == pytest.approx(t_hi, rel=1e-5)
+    run(world, arm, tmp_path / "cut", p=dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=3)))
+    resumed = run(world, arm, tmp_path / "cut", p=p)
+    assert same(full, resumed)
+    assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
 
 
 def test_diag_label_auroc_and_span_norm_by_hand():

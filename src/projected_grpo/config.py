@@ -315,7 +315,9 @@ class PoolParams:
 
 @dataclass(frozen=True)
 class ProjectionParams:
-    # Per-rollout gate band: soft (linear between the thresholds) or half (0.5 inside the band).
+    # Routing gate: soft (linear between the thresholds) or half (0.5 inside the band); tail: m = 1 only above tau_hi
+    # (the held-out clean scores' 1 − f quantile: the top tail, f the share of clean routed, e.g. 0.10), 0 elsewhere,
+    # and the gate's precision / recall / F0.5 on the calibration pairs are logged.
     band: str = "soft"
     # f: clean calibration completions allowed above tau_hi; f2: hack calibration completions allowed below tau_lo.
     f: float = 0.05
@@ -340,8 +342,8 @@ class ProjectionParams:
     def __post_init__(self) -> None:
         if self.random_match not in ("mass", "rank"):
             raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
-        if self.band not in ("soft", "half"):
-            raise ValueError(f"projection.band must be soft or half, got {self.band!r}")
+        if self.band not in ("soft", "half", "tail"):
+            raise ValueError(f"projection.band must be soft, half or tail, got {self.band!r}")
         if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
             raise ValueError("projection: need f, f2 in (0, 1), monitor_accuracy in [0, 1], recal_every >= 1")
         if self.refresh_every < 0:

@@ -301,25 +301,40 @@ def calibrate_band(s_hack: Tensor, s_clean: Tensor, f: float, f2: float) -> tupl
         raise ValueError("calibrate_band needs at least one hack and one clean score")
     if not (0 <= f < 1 and 0 <= f2 < 1):
         raise ValueError(f"gate rates must lie in [0, 1), got f={f}, f'={f2}")
-    c = s_clean.detach().double().sort().values  # (P_c,) ascending
     h = s_hack.detach().double().sort().values  # (P_h,)
-    j_c = math.floor(f * len(c) + 1e-9)  # clean scores allowed at m = 1 (+1e-9: 0.29·100 must give 29, not 28)
     j_h = math.floor(f2 * len(h) + 1e-9)  # hack scores allowed at m = 0
-    inf = torch.tensor(math.inf, dtype=torch.float64)
-    tau_hi = float(torch.nextafter(c[len(c) - 1 - j_c], inf))
-    tau_lo = float(torch.nextafter(h[j_h], -inf))
+    tau_hi = tail_threshold(s_clean, f)
+    tau_lo = float(torch.nextafter(h[j_h], torch.tensor(-math.inf, dtype=torch.float64)))
     if tau_lo >= tau_hi:
         tau_lo = tau_hi = (tau_lo + tau_hi) / 2
     return tau_lo, tau_hi
 
 
-def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
-    """(N,) scores, (N,) advantages -> (N,) gates m in [0, 1]: 0 at s ≤ τ_lo, 1 at s ≥ τ_hi, soft/half between.
+def tail_threshold(s_clean: Tensor, f: float) -> float:
+    """(P_c,) held-out clean scores -> τ = Quantile_{1−f}(S_c), conservative: one ulp above the (P_c − ⌊f·P_c⌋)-th
+    smallest clean score, so s ≥ τ holds for at most ⌊f·P_c⌋ clean scores, ties included (`calibrate_band`'s τ_hi)."""
+    c = s_clean.detach().double().sort().values  # (P_c,) ascending
+    j_c = math.floor(f * len(c) + 1e-9)  # clean scores allowed at m = 1 (+1e-9: 0.29·100 must give 29, not 28)
+    return float(torch.nextafter(c[len(c) - 1 - j_c], torch.tensor(math.inf, dtype=torch.float64)))
 
-    A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint."""
-    if band not in ("soft", "half"):
-        raise ValueError(f"gate band must be 'soft' or 'half', got {band!r}")
-    if tau_lo >= tau_hi:
+
+BANDS = ("soft", "half", "tail")
+
+
+def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
+    """(N,) scores, (N,) advantages -> (N,) gates m in [0, 1]: 0 at s ≤ τ_lo, 1 at s ≥ τ_hi, soft/half between;
+    band "tail": 1 at s ≥ τ_hi, 0 elsewhere (τ_lo unused).
+
+    A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint.
+    Why "tail": the band routes partly everything above τ_lo, i.e. nearly every rollout when the score separates
+    poorly (the default run routed 80% of rollouts at calibration AUROC 0.48, routing.md §1); routing only the
+    calibrated top tail (τ_hi from `tail_threshold`, at most a share f of held-out clean scores above it) trades
+    recall for precision, as vGROUT's gate does."""
+    if band not in BANDS:
+        raise ValueError(f"gate band must be one of {BANDS}, got {band!r}")
+    if band == "tail":  # compared in fp64: τ is one fp64 ulp above a clean score, which fp32 would round back onto
+        m = (s.double() >= tau_hi).to(s.dtype)
+    elif tau_lo >= tau_hi:
         tau = (tau_lo + tau_hi) / 2
         m = (s > tau).to(s.dtype)
     elif band == "soft":
@@ -327,6 +342,21 @@ def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = 
     else:
         m = torch.where(s >= tau_hi, 1.0, torch.where(s <= tau_lo, 0.0, 0.5)).to(s.dtype)
     return torch.where(adv == 0, torch.zeros_like(m), m)
+
+
+def gate_quality(s_hack: Tensor, s_clean: Tensor, tau_lo: float, tau_hi: float, band: str) -> dict[str, float]:
+    """Precision, recall and F0.5 of the gate on held-out hack (positive) and clean (negative) scores, with the gate's
+    own m (A > 0: calibration scores are NLL-gradient scores). Counts are Σ m, so a soft m counts fractionally;
+    precision is nan when nothing is routed. In-sample for the thresholds (calibrated on the same scores), like the
+    AUROC logged beside it. F0.5 weighs precision twice as much as recall: routing a clean rollout moves capability
+    into the deletable knob, missing a hack only leaves it where vanilla would."""
+    tp = float(band_gate(s_hack, torch.ones_like(s_hack), tau_lo, tau_hi, band).double().sum())
+    fp = float(band_gate(s_clean, torch.ones_like(s_clean), tau_lo, tau_hi, band).double().sum())
+    prec = tp / (tp + fp) if tp + fp > 0 else math.nan
+    rec = tp / max(s_hack.numel(), 1)
+    b2 = 0.25  # β² for β = 0.5
+    f05 = math.nan if math.isnan(prec) else (0.0 if tp == 0 else (1 + b2) * prec * rec / (b2 * prec + rec))
+    return {"precision": prec, "recall": rec, "f05": f05}
 
 
 # --- clipping (per parameter group, method.md §3.6) ---------------------------------------------------------------

@@ -356,7 +356,8 @@ def update_diagnostics(
 ) -> dict[str, float]:
     """After the update (pure reads): ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows
     the second); the gate's mean (per rollout over the N rows, per token over completion tokens), thresholds and
-    calibration interval, and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
+    calibration interval (with projection.band=tail also the gate's precision, recall and F0.5 on the calibration
+    pairs), and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
     not. That reads grader labels: it is logged only and read by nothing. Rows with A_n = 0 have no score (§3.5)."""
     post = {}
     if d.cur is not None:
@@ -374,6 +375,12 @@ def update_diagnostics(
         "tau_hi": finite(tau[1]),
         "gate_auroc_lo": ci[0],
         "gate_auroc_hi": ci[1],
+        # the tail gate's precision / recall / F0.5 on the calibration pairs (band gates: not logged)
+        **(
+            {f"gate_{k}": d.gate.quality.get(k, math.nan) for k in ("precision", "recall", "f05")}
+            if d.p.projection.band == "tail"
+            else {}
+        ),
         "gate_auroc_live": math.nan
         if live is None
         else label_auroc(
