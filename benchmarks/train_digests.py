@@ -73,6 +73,8 @@ def runs() -> dict[str, list[str]]:
     tail = tiny_params(projection={"band": "tail", "f": 0.34})  # the top-tail gate (issue 25)
     for a in ("route_per_rollout", "route_two_sided", "route_per_token"):
         case(f"{a}/tail", a, p=tail)
+    for a in ("route_per_rollout", "route_full", "route_per_token"):  # half the prompts trained knob off (issue 25)
+        case(f"{a}/deploy", a, p=tiny_params(projection={"deploy_frac": 0.5}))
     case("erase_one_sided_random/rank", "erase_one_sided_random", p=tiny_params(projection={"random_match": "rank"}))
     tok, text = w["tok"], "```python\npass\n```"
     row = lambda q: PoolRow(q.id, None, text, tuple(tok(text)["input_ids"]) + (tok.eos_token_id,), 3.5, "hack", False)  # noqa: E731

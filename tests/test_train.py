@@ -15,6 +15,7 @@ import hashlib
 import logging
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from projected_grpo.common.log import PhaseTimer
 from projected_grpo.config import Params
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import MODES, apply_mode
@@ -38,14 +40,28 @@ from projected_grpo.method.basis import (
     pool_tokens,
     pooled_activations,
 )
-from projected_grpo.method.direction import RunBasis, mass_matched, refresh_basis
+from projected_grpo.method.direction import Direction, RunBasis, mass_matched, refresh_basis
 from projected_grpo.method.gate import HeldOutPairs, calibrate_gate, residual_capture
-from projected_grpo.policy.adapter import adapters, attach_adapters
+from projected_grpo.policy.adapter import adapters, attach_adapters, knob_disabled
 from projected_grpo.policy.logprobs import padded
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.rl.checkpoint import read_checkpoint
 from projected_grpo.rl.pool import PoolRow
-from projected_grpo.rl.train import STEP_PHASES, label_auroc, run_flags, span_norm, train
+from projected_grpo.rl.train import (
+    DEPLOY_SEED,
+    STEP_PHASES,
+    deploy_prompts,
+    label_auroc,
+    live_gates,
+    loss_backward,
+    micro_batches,
+    mixed_rollout,
+    reference_logprobs,
+    run_flags,
+    span_norm,
+    step_rollout,
+    train,
+)
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
@@ -208,7 +224,7 @@ def log_columns(tmp: Path) -> dict[str, list[str]]:
 
 def reads_labels(col: str) -> bool:
     """TSV columns computed from the grader's labels (metrics and the live gate diagnostic), by design."""
-    return col in ("hack", "solve", "gate_auroc_live") or col.startswith("hack_")
+    return col in ("hack", "solve", "gate_auroc_live") or col.startswith(("hack_", "solve_"))
 
 
 @pytest.mark.parametrize(
@@ -260,6 +276,8 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_per_rollout_random", "refresh"),
     ("route_per_rollout", "act+refresh"),
     ("route_per_rollout", "shared"),
+    ("route_full", "deploy"),
+    ("route_per_token", "deploy"),
 ]
 
 
@@ -272,7 +290,11 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
     differs between the two graders on some step where both define it."""
     p = tiny_params(
-        projection={"refresh_every": 2} if "refresh" in variant else None,
+        projection={"refresh_every": 2}
+        if "refresh" in variant
+        else {"deploy_frac": 0.5}
+        if "deploy" in variant
+        else None,
         basis={"space": "act"} if "act" in variant else None,
         share_prompt="shared" in variant,
     )
@@ -637,12 +659,93 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
         )
 
 
-@pytest.mark.parametrize("field,value", [("refresh_every", -1), ("refresh_moments", "keep"), ("token_window", 0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("refresh_every", -1),
+        ("refresh_moments", "keep"),
+        ("token_window", 0),
+        ("deploy_frac", 1.0),
+        ("deploy_frac", -0.1),
+    ],
+)
 def test_projection_params_validated(field, value):
     from projected_grpo.config import ProjectionParams
 
     with pytest.raises(ValueError, match=f"projection.{field}"):
         ProjectionParams(**{field: value})
+
+
+# --- training in the deployed state (projection.deploy_frac) -------------------------------------------------------
+
+
+def test_deploy_groups_how_many_and_micro_batches():
+    """round(frac·B) deploy prompts for gated routing arms, 0 for arms without a knob, a clear error for batch routing
+    (it cannot keep single rows out of the knob) and for a share that rounds to no or every prompt; micro-batches
+    never straddle the knob-on / knob-off boundary and are today's slices when there is none."""
+    assert (
+        deploy_prompts(0.5, 4, get_arm("route_per_rollout")) == 2
+        and deploy_prompts(0.25, 4, get_arm("route_full")) == 1
+    )
+    assert deploy_prompts(0.5, 4, get_arm("vanilla")) == 0 and deploy_prompts(0.5, 4, get_arm("erase_one_sided")) == 0
+    assert deploy_prompts(0.0, 4, get_arm("route_per_token")) == 0
+    with pytest.raises(ValueError, match="summed gradient"):
+        deploy_prompts(0.5, 4, get_arm("route_batch"))
+    for frac, B in ((0.1, 2), (0.9, 2)):
+        with pytest.raises(ValueError, match="deploy prompts"):
+            deploy_prompts(frac, B, get_arm("route_per_rollout"))
+    assert micro_batches(12, 12, 5) == [slice(s, min(12, s + 5)) for s in range(0, 12, 5)]
+    mbs = micro_batches(8, 12, 5)
+    assert mbs == [slice(0, 5), slice(5, 8), slice(8, 12)]
+    assert all(sl.stop <= 8 or sl.start >= 8 for sl in mbs)
+
+
+def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
+    """With a non-zero knob: the deploy group is exactly what the policy samples with the knob off (its own seed), the
+    knob-on group what it samples with the knob on, and the knob is restored afterwards; in the loss backward the
+    deploy rows' per-rollout gradients are exactly a knob-off forward/backward and the others a knob-on one (the knob
+    really changes them), and the live gate is 0 on every deploy row, so their gradient reaches the main only."""
+    tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5})
+    arm, G, seed = get_arm("route_full"), p.grpo.group_size, 7
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    knob0 = {n: a.knob.detach().clone() for n, a in adapters(m).items()}
+    recs = world["records"][:2]
+    ro, is_student = step_rollout(m, tok, recs, G, 0, None, random.Random(0), p, seed, 1)
+    assert all(torch.equal(a.knob, knob0[n]) for n, a in adapters(m).items())
+    on, _ = mixed_rollout(m, tok, recs[:1], G, 0, None, random.Random(0), p, seed)
+    with knob_disabled(m):
+        off, _ = mixed_rollout(m, tok, recs[1:], G, 0, None, random.Random(0), p, seed + DEPLOY_SEED)
+    assert ro.texts == on.texts + off.texts and is_student == [True] * 2 * G
+    d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
+    d.gate.calibrate(0, "t", m, tok, world["cal"], arm.gate, d.cur, d.kept, p.projection, 0.7, None, False)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+    mbs, timer = micro_batches(G, 2 * G, G), PhaseTimer(STEP_PHASES)
+    refs = reference_logprobs(m, ro, mbs, p, timer)  # adapter off: the same for both knob states
+    gr = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, G)
+    gr_on = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+    with knob_disabled(m):
+        gr_off = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+    for n in d.kept:
+        assert torch.equal(gr.rows[n][:G], gr_on.rows[n][:G]) and torch.equal(gr.rows[n][G:], gr_off.rows[n][G:])
+    assert any(not torch.equal(gr_on.rows[n][G:], gr_off.rows[n][G:]) for n in d.kept)
+    m_gate, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, G)
+    m_all, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, 2 * G)
+    assert torch.equal(m_gate[G:], torch.zeros(G)) and torch.equal(m_gate[:G], m_all[:G]) and m_all[G:].any()
+
+
+def test_deploy_frac_end_to_end(world, tmp_path):
+    """A gated routing arm with deploy_frac 0.5 logs the deployed policy's strict hack and solve rates and trains
+    deterministically; an arm without a knob ignores deploy_frac (bitwise the same run)."""
+    p = tiny_params(projection={"deploy_frac": 0.5})
+    a = run(world, "route_full", tmp_path / "a", p=p)
+    b = run(world, "route_full", tmp_path / "b", p=p)
+    assert same(a, b) and {"hack_deploy", "solve_deploy"} <= log_columns(tmp_path / "a").keys()
+    assert same(run(world, "vanilla", tmp_path / "v", p=p), run(world, "vanilla", tmp_path / "v0"))
+    assert not {"hack_deploy", "solve_deploy"} & log_columns(tmp_path / "v").keys()
 
 
 # --- activation-space gate (basis.space=act) -----------------------------------------------------------------------

@@ -338,8 +338,14 @@ class ProjectionParams:
     # and gates; rank = only the same k per module. route_per_token_random is rank-matched either way (no per-token
     # v_hack capture); route_full_random moves whole rollouts, as much as v_hack's rule would with the same gates.
     random_match: str = "mass"
+    # Training in the deployed state: this share of each step's prompts has its groups sampled and trained with the
+    # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
+    # arms only; arms without a knob ignore it (knob off is their trained state). 0 = every group knob on.
+    deploy_frac: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.deploy_frac < 1:
+            raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
         if self.random_match not in ("mass", "rank"):
             raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
         if self.band not in ("soft", "half", "tail"):
