@@ -11,6 +11,8 @@ files are equal:
   python benchmarks/train_digests.py --compare /tmp/before.json --compare /tmp/after.json
 
 (~3 min on one core.) Used for issue 24's refactor: 36 of 36 runs equal between 588abe7 and the refactored loop.
+Runs only in the second file (arms or variants added since the first) are listed, not counted as differences; runs
+only in the first (coverage lost) are.
 """
 
 from __future__ import annotations
@@ -65,8 +67,14 @@ def runs() -> dict[str, list[str]]:
     for a in ("route_per_rollout", "route_per_token_random", "erase_one_sided", "erase_one_sided_random"):
         case(f"{a}/refresh", a, p=refreshing(2))
     case("route_per_rollout/act", "route_per_rollout", p=tiny_params(basis={"space": "act"}))
-    for a in ("vanilla", "route_per_rollout", "route_per_rollout_random", "erase_one_sided_random"):
+    share = ("vanilla", "route_per_rollout", "route_per_rollout_random", "erase_one_sided_random")
+    for a in (*share, "route_two_sided", "route_full"):  # the last two: own-token pieces for issue 25's rules
         case(f"{a}/share", a, p=tiny_params(share_prompt=True))
+    tail = tiny_params(projection={"band": "tail", "f": 0.34})  # the top-tail gate (issue 25)
+    for a in ("route_per_rollout", "route_two_sided", "route_per_token"):
+        case(f"{a}/tail", a, p=tail)
+    for a in ("route_per_rollout", "route_full", "route_per_token"):  # half the prompts trained knob off (issue 25)
+        case(f"{a}/deploy", a, p=tiny_params(projection={"deploy_frac": 0.5}))
     case("erase_one_sided_random/rank", "erase_one_sided_random", p=tiny_params(projection={"random_match": "rank"}))
     tok, text = w["tok"], "```python\npass\n```"
     row = lambda q: PoolRow(q.id, None, text, tuple(tok(text)["input_ids"]) + (tok.eos_token_id,), 3.5, "hack", False)  # noqa: E731
@@ -90,9 +98,16 @@ def main(
         if len(compare) != 2:
             raise typer.BadParameter("--compare takes two files: --compare A --compare B")
         a, b = (json.loads(f.read_text()) for f in compare)
-        bad = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        typer.echo(f"{len(a)} vs {len(b)} runs; {len(bad)} differ" + (f": {', '.join(bad)}" if bad else ""))
-        raise typer.Exit(1 if bad else 0)
+        both = sorted(a.keys() & b.keys())
+        bad = [k for k in both if a[k] != b[k]]
+        gone, new = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())  # new: runs of arms added since A
+        typer.echo(
+            f"{len(a)} vs {len(b)} runs; of the {len(both)} in both {len(both) - len(bad)} equal, {len(bad)} differ"
+            + (f": {', '.join(bad)}" if bad else "")
+            + (f"; only in the first (coverage lost): {', '.join(gone)}" if gone else "")
+            + (f"; only in the second (new): {', '.join(new)}" if new else "")
+        )
+        raise typer.Exit(1 if bad or gone else 0)
     if out is None:
         raise typer.BadParameter("pass --out FILE (or --compare A B)")
     import torch

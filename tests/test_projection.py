@@ -101,7 +101,8 @@ def make_opt(vhs, r, kind="adam", lr=1e-2, clip=None, wd=0.0):
 def run(arm, vhs, r, kind="adam", T=50, clip=None, wd=0.0, n_roll=4, seed=0, on_step=None):
     """T steps of `arm` on the quadratic; returns (opt, deltas, knobs, log) with log = per-step dicts.
 
-    Batch arms edit the accumulated rotated grad; "route_per_rollout" routes per-sample pieces with random gates."""
+    Batch arms edit the accumulated rotated grad; the per-rollout rules (projection.ROLLOUT_RULES) route per-sample
+    pieces with random gates."""
     opt, deltas, knobs = make_opt(vhs, r, kind, clip=clip, wd=wd)
     probs = {n: Quadratic(r, seed + i) for i, n in enumerate(vhs)}
     ks = {n: 0 if vh is None else vh.shape[0] for n, vh in vhs.items()}
@@ -110,10 +111,10 @@ def run(arm, vhs, r, kind="adam", T=50, clip=None, wd=0.0, n_roll=4, seed=0, on_
         main, knob, raw = {}, {}, {}
         for n in vhs:
             w = deltas[n] + knobs[n]
-            if arm == "route_per_rollout":
+            if arm in proj.ROLLOUT_RULES:
                 x_n = opt.rotate({n: probs[n].per_sample(w, t, n_roll)})[n]  # (N, r)
                 m = torch.rand(n_roll, generator=gen(99 + t), dtype=F64)
-                main[n], knob[n] = route_per_rollout(x_n, ks[n], m)
+                main[n], knob[n] = proj.ROLLOUT_RULES[arm](x_n, ks[n], m)
                 raw[n] = x_n.sum(0)
             else:
                 raw[n] = opt.rotate({n: probs[n].grad(w, t)})[n]  # (r,) = Rᵀ g
@@ -302,7 +303,7 @@ def test_I8_route_per_token_conservation(r, k):
 
 
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
-@pytest.mark.parametrize("arm", ["route_batch", "route_batch_no_gate", "route_per_rollout"])
+@pytest.mark.parametrize("arm", ["route_batch", "route_batch_no_gate", "route_per_rollout", "route_two_sided"])
 @pytest.mark.parametrize("r,k", SHAPES)
 def test_I9_routed_component_only_in_knob(kind, arm, r, k):
     vh = make_vh(r, k)
@@ -312,7 +313,7 @@ def test_I9_routed_component_only_in_knob(kind, arm, r, k):
     assert torch.equal(opt.phi["m"][k:], torch.zeros(r - k, dtype=F64))  # complement coords of φ exactly 0
     assert (kh @ R)[k:].abs().max() <= 1e-12 * kh.norm()  # ... and of Rᵀ δS_h, to fp
     assert span_residual(kh[None], vh).abs().max() <= 1e-12 * kh.norm()  # δS_h ∈ span(Vh)
-    if arm != "route_batch_no_gate":  # one-sided routing: knob coords non-positive (method.md §6.10)
+    if arm not in ("route_batch_no_gate", "route_two_sided"):  # one-sided: knob coords non-positive (method.md §6.10)
         assert (vh @ kh <= 1e-12 * kh.norm()).all()
 
 
@@ -384,7 +385,7 @@ def test_I10_one_sided_reverse_never_hack_promoting(kind, arm, r, k):
 # --- I11: knob-off replay equivalence ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arm", ["route_batch", "route_per_rollout"])
+@pytest.mark.parametrize("arm", ["route_batch", "route_per_rollout", "route_two_sided", "route_full"])
 def test_I11_knob_off_replays_erase_on_own_gradients(arm):
     """Route run (rotated Adam, per-group clipping biting) vs the main optimizer alone on {g_t − h_t}: δS_T equal."""
     r, k = 16, 3

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from projected_grpo.policy.model import render_prompt
-from projected_grpo.policy.rollout import BufferedLayer, Rollout, completion_mask, generate, group_runs
+from projected_grpo.policy.rollout import (
+    BufferedLayer,
+    Rollout,
+    completion_mask,
+    concat_rollouts,
+    generate,
+    group_runs,
+)
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 
 EOS, PAD = 2, 0
@@ -209,3 +216,22 @@ def test_engine_arguments(model, tok, prompts):
         _sample(model, tok, prompts, engine="vllm")
     with pytest.raises(ValueError, match="engine='hf'"):
         _sample(model, tok, prompts, use_cache=False)
+
+
+def test_concat_rollouts_keeps_every_row(model, tok, prompts):
+    """Two rollouts of different prompt and completion widths (the deploy groups of projection.deploy_frac are sampled
+    apart): the concatenation has a's rows then b's, each with its own prompt tokens ending in the last column, its
+    completion tokens from the first column, the same masks and texts; the padding is pad id with mask 0."""
+    a = _sample(model, tok, prompts[:1], max_new_tokens=5)
+    b = _sample(model, tok, prompts[1:], max_new_tokens=9, seed=1)
+    assert a.prompt_ids.shape[1] != b.prompt_ids.shape[1] and a.completion_ids.shape[1] != b.completion_ids.shape[1]
+    c = concat_rollouts(a, b, tok.pad_token_id)
+    rows = [(a, i) for i in range(len(a.texts))] + [(b, i) for i in range(len(b.texts))]
+    assert c.texts == a.texts + b.texts and c.prompt_ids.shape[0] == len(rows)
+    for j, (r, i) in enumerate(rows):
+        pm, m = r.prompt_mask[i].bool(), r.mask[i].bool()
+        assert torch.equal(c.prompt_ids[j][c.prompt_mask[j].bool()], r.prompt_ids[i][pm])
+        assert torch.equal(c.completion_ids[j][c.mask[j].bool()], r.completion_ids[i][m])
+        assert c.prompt_mask[j, -1] == 1 and int(c.prompt_mask[j].sum()) == int(pm.sum())
+        assert int(c.mask[j].sum()) == int(m.sum()) and c.mask[j, : int(m.sum())].all()
+    assert (c.prompt_ids[c.prompt_mask == 0] == tok.pad_token_id).all()

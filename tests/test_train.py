@@ -15,6 +15,7 @@ import hashlib
 import logging
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from projected_grpo.common.log import PhaseTimer
 from projected_grpo.config import Params
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import MODES, apply_mode
@@ -38,14 +40,28 @@ from projected_grpo.method.basis import (
     pool_tokens,
     pooled_activations,
 )
-from projected_grpo.method.direction import RunBasis, mass_matched, refresh_basis
+from projected_grpo.method.direction import Direction, RunBasis, mass_matched, refresh_basis
 from projected_grpo.method.gate import HeldOutPairs, calibrate_gate, residual_capture
-from projected_grpo.policy.adapter import adapters, attach_adapters
+from projected_grpo.policy.adapter import adapters, attach_adapters, knob_disabled
 from projected_grpo.policy.logprobs import padded
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.rl.checkpoint import read_checkpoint
 from projected_grpo.rl.pool import PoolRow
-from projected_grpo.rl.train import STEP_PHASES, label_auroc, run_flags, span_norm, train
+from projected_grpo.rl.train import (
+    DEPLOY_SEED,
+    STEP_PHASES,
+    deploy_prompts,
+    label_auroc,
+    live_gates,
+    loss_backward,
+    micro_batches,
+    mixed_rollout,
+    reference_logprobs,
+    run_flags,
+    span_norm,
+    step_rollout,
+    train,
+)
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
@@ -208,14 +224,22 @@ def log_columns(tmp: Path) -> dict[str, list[str]]:
 
 def reads_labels(col: str) -> bool:
     """TSV columns computed from the grader's labels (metrics and the live gate diagnostic), by design."""
-    return col in ("hack", "solve", "gate_auroc_live") or col.startswith("hack_")
+    return col in ("hack", "solve", "gate_auroc_live") or col.startswith(("hack_", "solve_"))
 
 
-@pytest.mark.parametrize("arm,col", [("route_per_rollout_random", "routed"), ("erase_one_sided_random", "removed")])
+@pytest.mark.parametrize(
+    "arm,col",
+    [
+        ("route_per_rollout_random", "routed"),
+        ("route_two_sided_random", "routed"),
+        ("erase_one_sided_random", "removed"),
+    ],
+)
 def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm, col):
     """projection.random_match=mass: at every step the control's routed (erased) share of g equals the share the same
     rule moves along v_hack from the same gradients and gates (logged as match_target, computed independently of the
-    control's own rows); with rank it is the control's own amount, and nothing is matched."""
+    control's own rows); with rank it is the control's own amount, and nothing is matched. route_per_token_random
+    (no per-token v_hack capture) and route_full_random (matched by construction) log no target."""
     run(world, arm, tmp_path / "m")
     mass = log_column(tmp_path / "m", col)
     target = log_column(tmp_path / "m", "match_target")
@@ -224,8 +248,9 @@ def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm
     run(world, arm, tmp_path / "r", p=p)
     assert "match_target" not in log_columns(tmp_path / "r")
     assert log_column(tmp_path / "r", col)[0] != pytest.approx(mass[0], rel=1e-3)  # the first step's g is the same
-    run(world, "route_per_token_random", tmp_path / "t")  # per-token: rank-matched only (documented), no column
-    assert "match_target" not in log_columns(tmp_path / "t")
+    for ctl in ("route_per_token_random", "route_full_random"):
+        run(world, ctl, tmp_path / ctl)
+        assert "match_target" not in log_columns(tmp_path / ctl)
 
 
 def same(a, b) -> bool:
@@ -251,6 +276,8 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_per_rollout_random", "refresh"),
     ("route_per_rollout", "act+refresh"),
     ("route_per_rollout", "shared"),
+    ("route_full", "deploy"),
+    ("route_per_token", "deploy"),
 ]
 
 
@@ -263,7 +290,11 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
     differs between the two graders on some step where both define it."""
     p = tiny_params(
-        projection={"refresh_every": 2} if "refresh" in variant else None,
+        projection={"refresh_every": 2}
+        if "refresh" in variant
+        else {"deploy_frac": 0.5}
+        if "deploy" in variant
+        else None,
         basis={"space": "act"} if "act" in variant else None,
         share_prompt="shared" in variant,
     )
@@ -314,6 +345,28 @@ def test_edits_exact_end_to_end(world, tmp_path, arm, variant):
     assert any(float(kn.abs().max()) > 0 for _, kn in res.values()) or arm == "erase_no_gate"
 
 
+@pytest.mark.parametrize("arm", ["route_two_sided", "route_full"])
+def test_linear_routing_end_to_end(world, tmp_path, arm):
+    """After real GRPO steps: the two-sided split keeps the knob inside span(Vh); whole-rollout routing puts the routed
+    rollouts' tail in the knob too (a large part of it lies outside span(Vh)). Modules without a basis get no knob
+    either way; the log shows something routed (‖h‖ / ‖g‖ > 0) and nothing erased (main + knob = g)."""
+    res = run(world, arm, tmp_path, p=tiny_params())
+    vh = world["basis"].vh
+    outside = []
+    for n, (_, kn) in res.items():
+        if n not in vh:
+            assert float(kn.abs().max()) == 0
+            continue
+        resid = kn - vh[n].T @ (vh[n] @ kn)
+        outside.append(float(resid.norm()) / max(float(kn.norm()), 1e-12))
+    if arm == "route_two_sided":
+        assert max(outside) <= 1e-5
+    else:
+        assert max(outside) > 0.5
+    assert any(float(kn.abs().max()) > 0 for _, kn in res.values())
+    assert max(log_column(tmp_path, "routed")) > 0 and max(log_column(tmp_path, "removed")) < 1e-5
+
+
 # --- per-step diagnostics and the gate guard rail -------------------------------------------------------------------
 
 
@@ -346,7 +399,7 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in vh]
     own = p.grpo.share_prompt and arm == "route_per_rollout"
-    (t_lo, t_hi), auc, (c_lo, c_hi) = calibrate_gate(
+    (t_lo, t_hi), auc, (c_lo, c_hi), quality = calibrate_gate(
         m,
         world["tok"],
         world["cal"],
@@ -363,6 +416,39 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
         {"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo, "gate_auroc_hi": c_hi}, rel=1e-5
     )
     assert c_lo <= auc <= c_hi
+    assert quality == {} and not {"gate_precision", "gate_recall", "gate_f05"} & cols.keys()  # band gates: no quality
+
+
+@pytest.mark.parametrize("arm", ["route_per_rollout", "route_two_sided", "route_per_token"])
+def test_tail_gate_routes_the_calibrated_top_tail_and_logs_its_precision(world, tmp_path, arm):
+    """projection.band=tail: one threshold (tau_lo == tau_hi, the conservative 1 − f quantile of the held-out clean
+    scores), gates 0/1 (per rollout: the mean gate equals the routed fraction), and the log carries the gate's
+    precision / recall / F0.5 on the calibration pairs, at step 0 exactly what calibrate_gate gives at the initial
+    parameters. A run stopped after 3 steps and resumed to 4 ends bitwise equal to 4 straight steps, log included
+    (the checkpoint carries the quality between calibrations)."""
+    p = tiny_params(projection={"band": "tail", "f": 0.34}, steps=4)
+    full = run(world, arm, tmp_path / "full", p=p)
+    cols = log_columns(tmp_path / "full")
+    assert cols["tau_lo"] == cols["tau_hi"]
+    if arm != "route_per_token":
+        assert cols["gate_mean"] == cols["gate_frac"]
+    m = tiny_model(len(world["tok"]))
+    attach_adapters(m, "all", 4)
+    kept = [n for n in adapters(m) if n in world["basis"].vh]
+    cal = calibrate_gate(
+        m, world["tok"], world["cal"], get_arm(arm).gate, world["basis"], kept, p.projection, 0.7, None, False
+    )
+    (t_lo, t_hi), q = cal[0], cal[3]
+    assert t_lo == t_hi and set(q) == {"precision", "recall", "f05"} and q["recall"] > 0
+    if arm != "route_per_token":  # 3 held-out pairs, f = 0.34: at most ⌊1.02⌋ = 1 clean completion routed
+        tp = q["recall"] * 3
+        assert tp / q["precision"] - tp <= 1 + 1e-9
+    first = {k: float(cols[f"gate_{k}"][0]) for k in q}
+    assert first == pytest.approx(q, rel=1e-5) and float(cols["tau_hi"][0]) == pytest.approx(t_hi, rel=1e-5)
+    run(world, arm, tmp_path / "cut", p=dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=3)))
+    resumed = run(world, arm, tmp_path / "cut", p=p)
+    assert same(full, resumed)
+    assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
 
 
 def test_diag_label_auroc_and_span_norm_by_hand():
@@ -573,12 +659,93 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
         )
 
 
-@pytest.mark.parametrize("field,value", [("refresh_every", -1), ("refresh_moments", "keep"), ("token_window", 0)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("refresh_every", -1),
+        ("refresh_moments", "keep"),
+        ("token_window", 0),
+        ("deploy_frac", 1.0),
+        ("deploy_frac", -0.1),
+    ],
+)
 def test_projection_params_validated(field, value):
     from projected_grpo.config import ProjectionParams
 
     with pytest.raises(ValueError, match=f"projection.{field}"):
         ProjectionParams(**{field: value})
+
+
+# --- training in the deployed state (projection.deploy_frac) -------------------------------------------------------
+
+
+def test_deploy_groups_how_many_and_micro_batches():
+    """round(frac·B) deploy prompts for gated routing arms, 0 for arms without a knob, a clear error for batch routing
+    (it cannot keep single rows out of the knob) and for a share that rounds to no or every prompt; micro-batches
+    never straddle the knob-on / knob-off boundary and are today's slices when there is none."""
+    assert (
+        deploy_prompts(0.5, 4, get_arm("route_per_rollout")) == 2
+        and deploy_prompts(0.25, 4, get_arm("route_full")) == 1
+    )
+    assert deploy_prompts(0.5, 4, get_arm("vanilla")) == 0 and deploy_prompts(0.5, 4, get_arm("erase_one_sided")) == 0
+    assert deploy_prompts(0.0, 4, get_arm("route_per_token")) == 0
+    with pytest.raises(ValueError, match="summed gradient"):
+        deploy_prompts(0.5, 4, get_arm("route_batch"))
+    for frac, B in ((0.1, 2), (0.9, 2)):
+        with pytest.raises(ValueError, match="deploy prompts"):
+            deploy_prompts(frac, B, get_arm("route_per_rollout"))
+    assert micro_batches(12, 12, 5) == [slice(s, min(12, s + 5)) for s in range(0, 12, 5)]
+    mbs = micro_batches(8, 12, 5)
+    assert mbs == [slice(0, 5), slice(5, 8), slice(8, 12)]
+    assert all(sl.stop <= 8 or sl.start >= 8 for sl in mbs)
+
+
+def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
+    """With a non-zero knob: the deploy group is exactly what the policy samples with the knob off (its own seed), the
+    knob-on group what it samples with the knob on, and the knob is restored afterwards; in the loss backward the
+    deploy rows' per-rollout gradients are exactly a knob-off forward/backward and the others a knob-on one (the knob
+    really changes them), and the live gate is 0 on every deploy row, so their gradient reaches the main only."""
+    tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5})
+    arm, G, seed = get_arm("route_full"), p.grpo.group_size, 7
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    knob0 = {n: a.knob.detach().clone() for n, a in adapters(m).items()}
+    recs = world["records"][:2]
+    ro, is_student = step_rollout(m, tok, recs, G, 0, None, random.Random(0), p, seed, 1)
+    assert all(torch.equal(a.knob, knob0[n]) for n, a in adapters(m).items())
+    on, _ = mixed_rollout(m, tok, recs[:1], G, 0, None, random.Random(0), p, seed)
+    with knob_disabled(m):
+        off, _ = mixed_rollout(m, tok, recs[1:], G, 0, None, random.Random(0), p, seed + DEPLOY_SEED)
+    assert ro.texts == on.texts + off.texts and is_student == [True] * 2 * G
+    d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
+    d.gate.calibrate(0, "t", m, tok, world["cal"], arm.gate, d.cur, d.kept, p.projection, 0.7, None, False)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
+    mbs, timer = micro_batches(G, 2 * G, G), PhaseTimer(STEP_PHASES)
+    refs = reference_logprobs(m, ro, mbs, p, timer)  # adapter off: the same for both knob states
+    gr = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, G)
+    gr_on = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+    with knob_disabled(m):
+        gr_off = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+    for n in d.kept:
+        assert torch.equal(gr.rows[n][:G], gr_on.rows[n][:G]) and torch.equal(gr.rows[n][G:], gr_off.rows[n][G:])
+    assert any(not torch.equal(gr_on.rows[n][G:], gr_off.rows[n][G:]) for n in d.kept)
+    m_gate, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, G)
+    m_all, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, 2 * G)
+    assert torch.equal(m_gate[G:], torch.zeros(G)) and torch.equal(m_gate[:G], m_all[:G]) and m_all[G:].any()
+
+
+def test_deploy_frac_end_to_end(world, tmp_path):
+    """A gated routing arm with deploy_frac 0.5 logs the deployed policy's strict hack and solve rates and trains
+    deterministically; an arm without a knob ignores deploy_frac (bitwise the same run)."""
+    p = tiny_params(projection={"deploy_frac": 0.5})
+    a = run(world, "route_full", tmp_path / "a", p=p)
+    b = run(world, "route_full", tmp_path / "b", p=p)
+    assert same(a, b) and {"hack_deploy", "solve_deploy"} <= log_columns(tmp_path / "a").keys()
+    assert same(run(world, "vanilla", tmp_path / "v", p=p), run(world, "vanilla", tmp_path / "v0"))
+    assert not {"hack_deploy", "solve_deploy"} & log_columns(tmp_path / "v").keys()
 
 
 # --- activation-space gate (basis.space=act) -----------------------------------------------------------------------

@@ -317,7 +317,9 @@ class PoolParams:
 
 @dataclass(frozen=True)
 class ProjectionParams:
-    # Per-rollout gate band: soft (linear between the thresholds) or half (0.5 inside the band).
+    # Routing gate: soft (linear between the thresholds) or half (0.5 inside the band); tail: m = 1 only above tau_hi
+    # (the held-out clean scores' 1 − f quantile: the top tail, f the share of clean routed, e.g. 0.10), 0 elsewhere,
+    # and the gate's precision / recall / F0.5 on the calibration pairs are logged.
     band: str = "soft"
     # f: clean calibration completions allowed above tau_hi; f2: hack calibration completions allowed below tau_lo.
     f: float = 0.05
@@ -336,14 +338,20 @@ class ProjectionParams:
     # Random-direction controls (`*_random`): mass = each step, what the control moves out of main (routed or erased)
     # is rescaled (one factor over all modules) to the norm the same rule moves along v_hack from the same gradients
     # and gates; rank = only the same k per module. route_per_token_random is rank-matched either way (no per-token
-    # v_hack capture).
+    # v_hack capture); route_full_random moves whole rollouts, as much as v_hack's rule would with the same gates.
     random_match: str = "mass"
+    # Training in the deployed state: this share of each step's prompts has its groups sampled and trained with the
+    # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
+    # arms only; arms without a knob ignore it (knob off is their trained state). 0 = every group knob on.
+    deploy_frac: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.deploy_frac < 1:
+            raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
         if self.random_match not in ("mass", "rank"):
             raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
-        if self.band not in ("soft", "half"):
-            raise ValueError(f"projection.band must be soft or half, got {self.band!r}")
+        if self.band not in ("soft", "half", "tail"):
+            raise ValueError(f"projection.band must be soft, half or tail, got {self.band!r}")
         if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
             raise ValueError("projection: need f, f2 in (0, 1), monitor_accuracy in [0, 1], recal_every >= 1")
         if self.refresh_every < 0:

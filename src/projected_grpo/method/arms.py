@@ -70,7 +70,9 @@ def _registry() -> dict[str, Arm]:
         Arm("vanilla_rotated", "vanilla"),  # vanilla's numerics in the basis' rotated coordinates
         Arm("measure_only", "measure_only"),  # == vanilla (I12), and logs the cosines
     ]
-    # (edit, gate, family, whether a control's moved mass is computable: per-token α along v_hack is not captured)
+    # (edit, gate, family, whether the control's moved mass is rescaled to v_hack's: per-token α along v_hack is not
+    # captured; route_full moves whole rollouts, ‖Σ_n m_n g_n‖ in any rotation, so its control already moves what
+    # v_hack's rule would with the same gates; only the gate's direction differs)
     with_controls = [
         ("erase_one_sided", None, ERASE, True),
         ("erase_no_gate", None, ERASE, True),
@@ -80,6 +82,9 @@ def _registry() -> dict[str, Arm]:
         ("route_batch_no_gate", None, ROUTE, True),
         ("route_per_rollout", "rollout", ROUTE, True),
         ("route_per_token", "token", ROUTE, False),
+        # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full)
+        ("route_two_sided", "rollout", ROUTE, True),
+        ("route_full", "rollout", ROUTE, False),
     ]
     for edit, gate, family, matchable in with_controls:
         ctl = f"{edit}_random"

@@ -54,7 +54,7 @@ def refreshes(p, arm: Arm) -> bool:
 def mass_matched(p, arm: Arm) -> bool:
     """A random-direction control whose moved mass is matched to v_hack's (projection.random_match=mass). Not
     route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
-    has no match_target column)."""
+    has no match_target column). Nor route_full_random: it moves whole rollouts, matched by construction."""
     return arm.mass_matched and p.projection.random_match == "mass"
 
 

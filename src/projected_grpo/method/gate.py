@@ -132,13 +132,18 @@ def calibrate_gate(
     temperature: float,
     act_layer: int | None,
     own_tokens: bool = False,
-) -> tuple[tuple[float, float], float, tuple[float, float]]:
-    """((τ_lo, τ_hi), AUROC, its 95% interval) from the held-out calibration pairs at the current parameters, with the
-    gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or per-completion
-    cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The interval is a
-    percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed GATE_CI_SEED."""
+) -> tuple[tuple[float, float], float, tuple[float, float], dict[str, float]]:
+    """((τ_lo, τ_hi), AUROC, its 95% interval, quality) from the held-out calibration pairs at the current parameters,
+    with the gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or
+    per-completion cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The
+    interval is a percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed
+    GATE_CI_SEED.
+
+    projection.band "tail": τ_lo = τ_hi = the conservative Quantile_{1−f}(clean scores) (no band), and `quality` holds
+    the gate's precision, recall and F0.5 on the same pairs (`proj.gate_quality`). It is {} for the band gates, so
+    their logs and checkpoints stay what they were before the tail gate existed."""
     if not kept:  # nothing to route: an infinite threshold gates nothing
-        return (math.inf, math.inf), math.nan, (math.nan, math.nan)
+        return (math.inf, math.inf), math.nan, (math.nan, math.nan), {}
     units = (None, None)  # per rollout: hack i and clean i are pair i
     if gate == "token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
@@ -163,20 +168,24 @@ def calibrate_gate(
     ci = auroc_interval(
         sh.detach().double().cpu(), sc.detach().double().cpu(), *units, n_boot=GATE_CI_BOOT, seed=GATE_CI_SEED
     )
-    return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc, ci
+    if pj.band == "tail":
+        t = proj.tail_threshold(sc, pj.f)
+        return (t, t), auc, ci, proj.gate_quality(sh, sc, t, t, pj.band)
+    return proj.calibrate_band(sh, sc, pj.f, pj.f2), auc, ci, {}
 
 
 @dataclass
 class GateState:
     """The gate a run carries from step to step (checkpointed): thresholds, the last calibration's AUROC and interval,
-    and the steps whose calibration failed the guard rail. `history_known` is False after a resume from a checkpoint
-    written before the guard existed."""
+    its precision / recall / F0.5 (tail gate only, else {}), and the steps whose calibration failed the guard rail.
+    `history_known` is False after a resume from a checkpoint written before the guard existed."""
 
     tau: tuple[float, float] = (math.inf, math.inf)  # set by the first calibration
     auroc: float = math.nan
     ci: tuple[float, float] = (math.nan, math.nan)
     uninformative: list[int] = field(default_factory=list)
     history_known: bool = True
+    quality: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_checkpoint(cls, d: dict) -> GateState:
@@ -186,10 +195,14 @@ class GateState:
             tuple(d.get("ci", (math.nan, math.nan))),
             list(d.get("uninformative", [])),
             "uninformative" in d,
+            dict(d.get("quality", {})),
         )
 
     def checkpoint(self) -> dict:
-        return {"tau": self.tau, "auroc": self.auroc, "ci": self.ci, "uninformative": list(self.uninformative)}
+        out = {"tau": self.tau, "auroc": self.auroc, "ci": self.ci, "uninformative": list(self.uninformative)}
+        if self.quality:  # the tail gate's only: a band gate's checkpoint stays byte-identical
+            out["quality"] = dict(self.quality)
+        return out
 
     def due(self, step: int, refreshed: bool, every: int) -> bool:
         """Every `every` steps, after a basis refresh, and until a first calibration has set the thresholds."""
@@ -198,7 +211,7 @@ class GateState:
     def calibrate(self, step: int, where: str, *args, **kwargs) -> None:
         """`calibrate_gate(*args, **kwargs)`, then the guard rail: warn (one line naming `where` and the step) and
         remember the step when the interval contains 0.5 or is undefined."""
-        self.tau, self.auroc, self.ci = calibrate_gate(*args, **kwargs)
+        self.tau, self.auroc, self.ci, self.quality = calibrate_gate(*args, **kwargs)
         if contains(self.ci, 0.5):  # the gate cannot be shown to tell hack from clean
             self.uninformative.append(step)
             why = "is undefined (no kept module)" if math.isnan(self.ci[0]) else "contains 0.5"

@@ -94,11 +94,57 @@ def route_per_rollout(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = Non
     return total - knob, knob
 
 
+def route_two_sided(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates -> (main, knob), each (r,): knob = Σ_n m_n α_n, both signs, in
+    span(Vh) only (knob tail 0); main = total − knob (`total` as in `route_per_rollout`).
+
+    Why both signs: the one-sided split sends Σ_n m_n relu(α_n) to the knob, ≥ 0 on every coordinate even when α is
+    zero-mean noise, so main gets the mirror-image bias and, under separate Adam moments, main and knob ramp apart at
+    ~lr per step; deleting the knob then exposes the main's excursion (routing.md §1). A linear split routes
+    noise as noise: E[knob] = 0 when E[α] = 0, and the knob only accumulates what the gated rollouts consistently
+    push along v_hack. The price: a routed hack rollout with A_n < 0 (α_n < 0) now trains the knob toward anti-hack,
+    which deleting the knob undoes (method.md §3.5's reason for one-sidedness), so it is an experiment, not a fix."""
+    total = x_n.sum(0) if total is None else total  # (r,)
+    knob = torch.zeros_like(total)
+    knob[:k] = (m.to(x_n.dtype)[:, None] * x_n[:, :k]).sum(0)  # (k,) either sign
+    return total - knob, knob
+
+
+def route_full(x_n: Tensor, k: int, m: Tensor, total: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(N, r) rotated per-rollout grads, (N,) gates -> (main, knob), each (r,): knob = Σ_n m_n x_n, the routed
+    rollouts' *whole* gradient on the module (method.md §3.4 `route_full`, SGTM-like); main = total − knob. k unused.
+
+    Tail included [design]: the knob also gets the coordinates outside span(Vh). Routing only the span(Vh) part of a
+    rollout is `route_two_sided`; the point of whole-rollout routing is that deleting the knob removes everything the
+    routed rollouts taught this module (SGTM's quarantine), not one slice of it. δS_h = R φ is a full (D,) vector and
+    the rotated optimizer steps every φ coordinate, so it holds the tail as it is; the knob tail is 0 for every other
+    rule only because they write none. Modules without a basis (dropped: R = I, `train.edit`) still get no knob, so
+    "no projection and no knob" for dropped modules (method.md §3.3 step 5) holds for this rule too. Linear in x_n, so
+    like the two-sided split it routes zero-mean noise with zero mean. Its moved norm ‖Σ_n m_n g_n‖ is the same in
+    any rotation, so a random-direction control moves exactly what v_hack's rule would with the same gates (only the
+    gate differs): mass-matched by construction (arms.py)."""
+    total = x_n.sum(0) if total is None else total  # (r,)
+    knob = (m.to(x_n.dtype)[:, None] * x_n).sum(0)  # (r,) every coordinate
+    return total - knob, knob
+
+
+# Per-rollout routing rules (gate "rollout"): edit -> (x_n, k, m, total) -> (main, knob).
+ROLLOUT_RULES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "route_per_rollout": route_per_rollout,
+    "route_two_sided": route_two_sided,
+    "route_full": route_full,
+}
+KNOB_TAIL = ("route_full",)  # rules whose knob has coordinates outside span(Vh) (all others: the knob tail is 0)
+
+
 def moved_norm(edit: str, alpha: Tensor, m: Tensor | None = None) -> float:
     """‖what an arm's rule moves out of main‖ (routed to the knob or erased) for basis coefficients `alpha`: (N, k)
-    per-rollout α_n with gates m (N,) for route_per_rollout, (k,) batch α for the batch-mode rules."""
+    per-rollout α_n with gates m (N,) for route_per_rollout and route_two_sided, (N, D) whole per-rollout gradients
+    (any rotation: the norm is rotation-invariant) for route_full, (k,) batch α for the batch-mode rules."""
     if edit == "route_per_rollout":
         return float((m.to(alpha.dtype)[:, None] * alpha.clamp(min=0)).sum(0).norm())
+    if edit in ("route_two_sided", "route_full"):
+        return float((m.to(alpha.dtype)[:, None] * alpha).sum(0).norm())
     main_h, _ = EDITS[arm_key(edit)](alpha)
     return float((alpha - main_h).norm())
 
@@ -153,9 +199,14 @@ def _batch_rule(name: str) -> Rule:
     return lambda s: edit_coords(s.x, s.k, name)
 
 
+def _rollout_rule(f) -> Rule:
+    """A per-rollout rule on ModuleGrads; with own-token x_n (a shared prompt forward) the batch total is passed."""
+    return lambda s: f(s.x_n, s.k, s.gate, s.x if s.own_tokens else None)
+
+
 RULES: dict[str, Rule] = {
     **{name: _batch_rule(name) for name in EDITS},
-    "route_per_rollout": lambda s: route_per_rollout(s.x_n, s.k, s.gate, s.x if s.own_tokens else None),
+    **{name: _rollout_rule(f) for name, f in ROLLOUT_RULES.items()},
     "route_per_token": lambda s: route_per_token(s.coef, s.gate, s.x),
 }
 
@@ -250,25 +301,40 @@ def calibrate_band(s_hack: Tensor, s_clean: Tensor, f: float, f2: float) -> tupl
         raise ValueError("calibrate_band needs at least one hack and one clean score")
     if not (0 <= f < 1 and 0 <= f2 < 1):
         raise ValueError(f"gate rates must lie in [0, 1), got f={f}, f'={f2}")
-    c = s_clean.detach().double().sort().values  # (P_c,) ascending
     h = s_hack.detach().double().sort().values  # (P_h,)
-    j_c = math.floor(f * len(c) + 1e-9)  # clean scores allowed at m = 1 (+1e-9: 0.29·100 must give 29, not 28)
     j_h = math.floor(f2 * len(h) + 1e-9)  # hack scores allowed at m = 0
-    inf = torch.tensor(math.inf, dtype=torch.float64)
-    tau_hi = float(torch.nextafter(c[len(c) - 1 - j_c], inf))
-    tau_lo = float(torch.nextafter(h[j_h], -inf))
+    tau_hi = tail_threshold(s_clean, f)
+    tau_lo = float(torch.nextafter(h[j_h], torch.tensor(-math.inf, dtype=torch.float64)))
     if tau_lo >= tau_hi:
         tau_lo = tau_hi = (tau_lo + tau_hi) / 2
     return tau_lo, tau_hi
 
 
-def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
-    """(N,) scores, (N,) advantages -> (N,) gates m in [0, 1]: 0 at s ≤ τ_lo, 1 at s ≥ τ_hi, soft/half between.
+def tail_threshold(s_clean: Tensor, f: float) -> float:
+    """(P_c,) held-out clean scores -> τ = Quantile_{1−f}(S_c), conservative: one ulp above the (P_c − ⌊f·P_c⌋)-th
+    smallest clean score, so s ≥ τ holds for at most ⌊f·P_c⌋ clean scores, ties included (`calibrate_band`'s τ_hi)."""
+    c = s_clean.detach().double().sort().values  # (P_c,) ascending
+    j_c = math.floor(f * len(c) + 1e-9)  # clean scores allowed at m = 1 (+1e-9: 0.29·100 must give 29, not 28)
+    return float(torch.nextafter(c[len(c) - 1 - j_c], torch.tensor(math.inf, dtype=torch.float64)))
 
-    A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint."""
-    if band not in ("soft", "half"):
-        raise ValueError(f"gate band must be 'soft' or 'half', got {band!r}")
-    if tau_lo >= tau_hi:
+
+BANDS = ("soft", "half", "tail")
+
+
+def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
+    """(N,) scores, (N,) advantages -> (N,) gates m in [0, 1]: 0 at s ≤ τ_lo, 1 at s ≥ τ_hi, soft/half between;
+    band "tail": 1 at s ≥ τ_hi, 0 elsewhere (τ_lo unused).
+
+    A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint.
+    Why "tail": the band routes partly everything above τ_lo, i.e. nearly every rollout when the score separates
+    poorly (the default run routed 80% of rollouts at calibration AUROC 0.48, routing.md §1); routing only the
+    calibrated top tail (τ_hi from `tail_threshold`, at most a share f of held-out clean scores above it) trades
+    recall for precision, as vGROUT's gate does."""
+    if band not in BANDS:
+        raise ValueError(f"gate band must be one of {BANDS}, got {band!r}")
+    if band == "tail":  # compared in fp64: τ is one fp64 ulp above a clean score, which fp32 would round back onto
+        m = (s.double() >= tau_hi).to(s.dtype)
+    elif tau_lo >= tau_hi:
         tau = (tau_lo + tau_hi) / 2
         m = (s > tau).to(s.dtype)
     elif band == "soft":
@@ -276,6 +342,21 @@ def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = 
     else:
         m = torch.where(s >= tau_hi, 1.0, torch.where(s <= tau_lo, 0.0, 0.5)).to(s.dtype)
     return torch.where(adv == 0, torch.zeros_like(m), m)
+
+
+def gate_quality(s_hack: Tensor, s_clean: Tensor, tau_lo: float, tau_hi: float, band: str) -> dict[str, float]:
+    """Precision, recall and F0.5 of the gate on held-out hack (positive) and clean (negative) scores, with the gate's
+    own m (A > 0: calibration scores are NLL-gradient scores). Counts are Σ m, so a soft m counts fractionally;
+    precision is nan when nothing is routed. In-sample for the thresholds (calibrated on the same scores), like the
+    AUROC logged beside it. F0.5 weighs precision twice as much as recall: routing a clean rollout moves capability
+    into the deletable knob, missing a hack only leaves it where vanilla would."""
+    tp = float(band_gate(s_hack, torch.ones_like(s_hack), tau_lo, tau_hi, band).double().sum())
+    fp = float(band_gate(s_clean, torch.ones_like(s_clean), tau_lo, tau_hi, band).double().sum())
+    prec = tp / (tp + fp) if tp + fp > 0 else math.nan
+    rec = tp / max(s_hack.numel(), 1)
+    b2 = 0.25  # β² for β = 0.5
+    f05 = math.nan if math.isnan(prec) else (0.0 if tp == 0 else (1 + b2) * prec * rec / (b2 * prec + rec))
+    return {"precision": prec, "recall": rec, "f05": f05}
 
 
 # --- clipping (per parameter group, method.md §3.6) ---------------------------------------------------------------

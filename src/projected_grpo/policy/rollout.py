@@ -42,6 +42,31 @@ class Rollout:
         return self.mask.sum(-1)
 
 
+def concat_rollouts(a: Rollout, b: Rollout, pad_id: int) -> Rollout:
+    """a's rows then b's, in one layout: prompts left-padded and completions right-padded to the wider of the two (pad
+    id, mask 0), so every row keeps its tokens, its last prompt token stays in the last prompt column and groups stay
+    contiguous. Behaviour log-probs are not carried (the trainer computes them after sampling)."""
+    Tp, T = (
+        max(a.prompt_ids.shape[1], b.prompt_ids.shape[1]),
+        max(a.completion_ids.shape[1], b.completion_ids.shape[1]),
+    )
+
+    def cat(xa: Tensor, xb: Tensor, width: int, fill: int, left: bool) -> Tensor:
+        def pad(x: Tensor) -> Tensor:  # (n, w) -> (n, width)
+            n = width - x.shape[1]
+            return torch.nn.functional.pad(x, (n, 0) if left else (0, n), value=fill)
+
+        return torch.cat([pad(xa), pad(xb)])
+
+    return Rollout(
+        prompt_ids=cat(a.prompt_ids, b.prompt_ids, Tp, pad_id, True),
+        prompt_mask=cat(a.prompt_mask, b.prompt_mask, Tp, 0, True),
+        completion_ids=cat(a.completion_ids, b.completion_ids, T, pad_id, False),
+        mask=cat(a.mask, b.mask, T, 0, False),
+        texts=a.texts + b.texts,
+    )
+
+
 def eos_token_ids(model, tokenizer) -> list[int]:
     """The tokenizer's EOS (<|im_end|>) plus extra stop ids from the model's generation config (<|endoftext|>)."""
     ids = {tokenizer.eos_token_id}

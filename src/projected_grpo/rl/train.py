@@ -8,6 +8,11 @@ the routing gate's calibration, all from held-out pairs — sits behind `directi
 live-rollout label or grade reaches a gate or an edit). Everything random in step t is seeded from (seed, t), and what
 the loop carries from step to step is checkpointed with the optimizer, so a resumed run replays bit-identically.
 
+Training in the deployed state (projection.deploy_frac, gated routing arms): the last few prompts of a step have their
+groups sampled and trained with the knob off, and their gate is 0, so their gradient reaches the main only and the
+main learns to work without the knob it will be deployed without (routing.md §2: ERA, SGTM, the jnward runs and
+vGROUT each train the kept part in the deleted state).
+
 Per-step diagnostics (pure reads, after the update) include ‖Vh δS‖ and ‖Vh δS_h‖, the mean gate, the thresholds, the
 calibration interval, and `gate_auroc_live`: the live gate score's AUROC between the step's own hack and non-hack
 student rollouts. That last one reads the grader's labels and is logged only; nothing reads it.
@@ -39,10 +44,10 @@ from projected_grpo.method.basis import pool_tokens
 from projected_grpo.method.direction import Direction, RunBasis, act_gated, check_run_basis, mass_matched
 from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
 from projected_grpo.method.optim import RotatedAdam
-from projected_grpo.policy.adapter import adapters, adapters_disabled, probes, token_capture
+from projected_grpo.policy.adapter import adapters, adapters_disabled, knob_disabled, probes, token_capture
 from projected_grpo.policy.logprobs import padded, rollout_logprobs, shared_prompt_logprobs
 from projected_grpo.policy.model import render_prompt
-from projected_grpo.policy.rollout import Rollout, check_records_fit, generate, group_runs
+from projected_grpo.policy.rollout import Rollout, check_records_fit, concat_rollouts, generate, group_runs
 from projected_grpo.rl.checkpoint import (
     latest_step,
     load_checkpoint,
@@ -92,6 +97,50 @@ def mixed_rollout(
     return Rollout(
         prompt_ids=ro.prompt_ids[idx], prompt_mask=ro.prompt_mask[idx], completion_ids=ids, mask=mask, texts=texts
     ), is_student
+
+
+DEPLOY_SEED = 1 << 32  # added to a step's sampling seed for its deploy groups: distinct from every knob-on seed
+
+
+def deploy_prompts(frac: float, B: int, arm: Arm) -> int:
+    """Prompts per step whose groups are sampled and trained in the deployed state, knob off (projection.deploy_frac):
+    round(frac·B) for gated routing arms, 0 for arms without a knob (knob off is their trained state already). A
+    deploy rollout's gradient must stay out of the knob row by row, which a gate does (m_n = 0) and a batch rule,
+    acting on the summed gradient, cannot: route_batch* refuse it."""
+    if frac == 0 or not arm.routes:
+        return 0
+    if arm.gate is None:
+        raise ValueError(
+            f"projection.deploy_frac > 0 keeps deploy rollouts out of the knob row by row, but {arm.name} routes the "
+            "summed gradient; use a gated routing arm or deploy_frac 0"
+        )
+    n = round(frac * B)
+    if not 0 < n < B:
+        raise ValueError(
+            f"projection.deploy_frac={frac} × grpo.prompts_per_step={B} gives {n} deploy prompts; need 1 to {B - 1}"
+        )
+    return n
+
+
+def step_rollout(
+    model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int, n_dep: int
+) -> tuple[Rollout, list[bool]]:
+    """The step's rows and `is_student`: the first len(recs) − n_dep prompts' groups sampled with the knob on (the
+    training policy), then the last n_dep prompts' groups sampled with the knob off (the deployed policy,
+    projection.deploy_frac; their own seed), each group with its teacher rows as in `mixed_rollout`."""
+    on = len(recs) - n_dep
+    ro, is_student = mixed_rollout(model, tok, recs[:on], G, n_pool, pool, rng, p, seed=seed)
+    if n_dep == 0:
+        return ro, is_student
+    with knob_disabled(model):
+        ro_d, st_d = mixed_rollout(model, tok, recs[on:], G, n_pool, pool, rng, p, seed=seed + DEPLOY_SEED)
+    return concat_rollouts(ro, ro_d, tok.pad_token_id), is_student + st_d
+
+
+def micro_batches(n_on: int, N: int, size: int) -> list[slice]:
+    """Row slices of at most `size` rows; none straddles n_on, so each micro-batch runs in one knob state (rows n_on…N
+    are the deploy groups, trained with the knob off)."""
+    return [slice(s, min(end, s + size)) for start, end in ((0, n_on), (n_on, N)) for s in range(start, end, size)]
 
 
 def loss_logprobs(
@@ -176,9 +225,11 @@ def loss_backward(
     d: Direction,
     policy_runs: bool,
     timer: PhaseTimer,
+    n_on: int,
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
-    per-rollout gradients. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
+    per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
+    were sampled. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
     <g_{n,t}, ν> and ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the
     residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
     each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing)."""
@@ -194,7 +245,8 @@ def loss_backward(
         pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
         runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
         probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
-        with probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
+        state = knob_disabled(model) if sl.start >= n_on else nullcontext()  # micro_batches: one state per slice
+        with state, probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
             with timer("forward"):
                 logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
@@ -238,10 +290,11 @@ def loss_backward(
 
 
 def live_gates(
-    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj
+    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj, n_on: int
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(N,) per-rollout gates, (N, T) per-token gates (0 off the completion), and the live scores they came from (for
-    the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat)."""
+    the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat).
+    Rows from n_on on (deploy groups, knob off) get gate 0: their gradient reaches the main only."""
     m_gate, m_tok, live = torch.zeros(adv.shape[0]), torch.zeros(mask.shape), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
@@ -254,6 +307,7 @@ def live_gates(
         nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
         live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
         m_tok = proj.token_gate(live, adv, mask, tau[0], tau[1], pj.band)
+    m_gate[n_on:], m_tok[n_on:] = 0, 0
     return m_gate, m_tok, live
 
 
@@ -356,7 +410,8 @@ def update_diagnostics(
 ) -> dict[str, float]:
     """After the update (pure reads): ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows
     the second); the gate's mean (per rollout over the N rows, per token over completion tokens), thresholds and
-    calibration interval, and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
+    calibration interval (with projection.band=tail also the gate's precision, recall and F0.5 on the calibration
+    pairs), and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
     not. That reads grader labels: it is logged only and read by nothing. Rows with A_n = 0 have no score (§3.5)."""
     post = {}
     if d.cur is not None:
@@ -374,6 +429,12 @@ def update_diagnostics(
         "tau_hi": finite(tau[1]),
         "gate_auroc_lo": ci[0],
         "gate_auroc_hi": ci[1],
+        # the tail gate's precision / recall / F0.5 on the calibration pairs (band gates: not logged)
+        **(
+            {f"gate_{k}": d.gate.quality.get(k, math.nan) for k in ("precision", "recall", "f05")}
+            if d.p.projection.band == "tail"
+            else {}
+        ),
         "gate_auroc_live": math.nan
         if live is None
         else label_auroc(
@@ -386,11 +447,28 @@ def update_diagnostics(
 
 
 def step_metrics(
-    grades, rows: list, is_student: list[bool], rewards: Tensor, adv: Tensor, ro: Rollout, gr: Grads, ads: dict, G: int
+    grades,
+    rows: list,
+    is_student: list[bool],
+    rewards: Tensor,
+    adv: Tensor,
+    ro: Rollout,
+    gr: Grads,
+    ads: dict,
+    G: int,
+    n_on: int,
 ) -> dict[str, float]:
-    """The step's behaviour, over student rows only (teacher-pool rows are not the student's behaviour)."""
+    """The step's behaviour, over the student's knob-on rows only (teacher-pool rows are not the student's behaviour;
+    deploy groups, rows n_on…N, are the deployed policy's: their strict hack and solve rates are `hack_deploy`,
+    `solve_deploy`, logged when there are any)."""
     N = len(rows)
-    st = [i for i in range(N) if is_student[i]]
+    st = [i for i in range(n_on) if is_student[i]]
+    dep = [i for i in range(n_on, N) if is_student[i]]
+    hinted_dep = [i for i in dep if mode_of(rows[i]) in LOOPHOLE_MODES]
+    deploy = {
+        "hack_deploy": rate(sum(grades[i].label == "hack" for i in hinted_dep), len(hinted_dep)),
+        "solve_deploy": rate(sum(grades[i].eq_correct for i in dep), len(dep)),
+    }
     hinted = [i for i in st if mode_of(rows[i]) in LOOPHOLE_MODES]
     return {
         "reward": float(rewards[st].nanmean()),
@@ -408,6 +486,7 @@ def step_metrics(
         "len": float(ro.mask[st].sum(1).float().mean()),
         "gnorm": float(concat(gr.raw, list(gr.raw)).norm()),
         "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
+        **(deploy if dep else {}),
     }
 
 
@@ -436,6 +515,8 @@ def train(
     G, B, rb = g.group_size, g.prompts_per_step, rb or RunBasis()
     N = G * B
     check_run_basis(p, arm, rb)
+    n_dep = deploy_prompts(pj.deploy_frac, B, arm)  # prompts per step sampled and trained knob off
+    n_on = N - n_dep * G  # rows 0…n_on are knob on, the rest the deploy groups
     check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
     # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
     # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
@@ -478,13 +559,13 @@ def train(
         # ---- rollout: B prompts × G completions with the training policy (knob on), teacher rows mixed in -------
         recs = rng.sample(records, B)
         n_pool = round(p.pool.mix * G) if (pool is not None and arm.pool and step < p.pool.teacher_off_step) else 0
-        with timer("sample"):
-            ro, is_student = mixed_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed=seed * 100003 + step)
+        with timer("sample"):  # the last n_dep prompts' groups with the knob off (projection.deploy_frac)
+            ro, is_student = step_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed * 100003 + step, n_dep)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
 
         # ---- reward and advantage (Dr.GRPO: r − group mean, no std). The reference forward (adapter off, method.md
         # §3.1) needs no reward, so it runs while the sandbox grades ----------------------------------------------
-        mbs = [slice(s, min(N, s + g.micro_batch)) for s in range(0, N, g.micro_batch)]
+        mbs = micro_batches(n_on, N, g.micro_batch)
         with ThreadPoolExecutor(max_workers=1) as grading:
             graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
             refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
@@ -494,8 +575,8 @@ def train(
         adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
-        gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer)
-        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj)
+        gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
+        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on)
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
         ostats = opt.step(main, knob)  # clipped per parameter group; δS = R θ, δS_h = R φ
@@ -504,7 +585,7 @@ def train(
 
         # ---- log and checkpoint ---------------------------------------------------------------------------------
         metrics = {
-            **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G),
+            **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G, n_on),
             **diag,
             **post,
             **ostats,
