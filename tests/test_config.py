@@ -74,6 +74,10 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("basis", "drop_bottom_frac", 1.0, "drop_bottom_frac"),
         ("rollout", "temperature", 0, "rollout.temperature"),
         ("grpo", "group_size", 1, "group_size"),
+        ("grpo", "loss", "bnpo", "grpo.loss must be one of dr_grpo, grpo, dapo"),
+        ("grpo", "scale_rewards", "batch", "grpo.scale_rewards must be one of none, group"),
+        ("grpo", "lr_schedule", "linear", "grpo.lr_schedule must be one of constant, cosine"),
+        ("grpo", "warmup_steps", -1, "grpo.warmup_steps"),
     ],
 )
 def test_invalid_value_raises_valueerror(raw, section, key, value, msg):

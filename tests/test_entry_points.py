@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-MODULES = ["projected_grpo.common.cli", "projected_grpo.config", "projected_grpo.repro"]
+MODULES = ["projected_grpo.common.cli", "projected_grpo.config", "projected_grpo.repro", "projected_grpo.rl.export"]
 SCRIPTS = sorted(  # benchmarks/harness.py is the benchmarks' shared module, not an entry point
     str(p.relative_to(ROOT))
     for d in ("stages", "benchmarks")

@@ -1,10 +1,11 @@
-"""Dr.GRPO advantages and loss (method.md §3.7, invariant I13) against TRL itself.
+"""GRPO advantages and loss (method.md §3.7, invariant I13) against TRL itself.
 
 Covers: `group_advantages` vs TRL's advantage code (scale_rewards "none" and "group", NaN rewards -> A = 0) and vs a
-per-group Python loop; `grpo_loss` vs TRL's real `GRPOTrainer.compute_loss` (loss_type="dr_grpo", beta > 0, rho != 1
-with clipping active, ragged mask; loss, gradient w.r.t. logp, clip and KL metrics; also per micro-batch with gradient
-accumulation); the closed form at rho = 1, beta = 0; padding invariance; GA invariance (n_rows); the on-policy
-REINFORCE-with-k3 gradient; the TRL version pin.
+per-group Python loop; `grpo_loss` vs TRL's real `GRPOTrainer.compute_loss` for each loss_type (dr_grpo, grpo, dapo;
+beta > 0, rho != 1 with clipping active, ragged mask; loss, gradient w.r.t. logp, clip and KL metrics; also per
+micro-batch with gradient accumulation); the closed forms at rho = 1, beta = 0; padding invariance; GA invariance
+(micro-batches with the whole batch's n_rows / n_tokens sum to the full batch, for every loss_type, uneven cuts
+included); the on-policy REINFORCE-with-k3 gradient; the TRL version pin.
 
 How TRL is called: the trainer is built with `object.__new__(GRPOTrainer)` plus the attributes `_compute_loss` reads,
 taken from a real `GRPOConfig` the way `GRPOTrainer.__init__` copies them (trl 1.16.0 grpo_trainer.py:782-1080), and
@@ -26,6 +27,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from projected_grpo.config import LOSSES
 from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
 
 TRL_PIN = "1.16.0"  # keep equal to the dev-extra pin in pyproject.toml
@@ -49,8 +51,9 @@ def test_trl_version_pinned(trl):
     )
 
 
-def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=False):
-    """A GRPOTrainer with only the state `_compute_loss` reads, configured through a real GRPOConfig."""
+def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=False, loss_type="dr_grpo"):
+    """A GRPOTrainer with only the state `_compute_loss` reads, configured through a real GRPOConfig (one generation
+    batch per optimizer step: steps_per_generation = gradient_accumulation_steps = ga, TRL's default)."""
     from accelerate import Accelerator
     from trl import GRPOConfig, GRPOTrainer
 
@@ -58,8 +61,9 @@ def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=Fal
         warnings.simplefilter("ignore", FutureWarning)
         args = GRPOConfig(
             output_dir="unused_trl_output",  # never written: nothing is saved
-            loss_type="dr_grpo",
+            loss_type=loss_type,
             scale_rewards="none",
+            gradient_accumulation_steps=ga,
             beta=beta,
             epsilon=clip_lo,
             epsilon_high=clip_hi,
@@ -92,12 +96,14 @@ def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=Fal
     t.accelerator = Accelerator(cpu=True)  # single process: gather/reduce are identities
     t.model = torch.nn.Module().train()  # only `.training` is read (train mode -> divide by GA)
     t.current_gradient_accumulation_steps = ga  # set by transformers' Trainer training loop
-    assert t.loss_type == "dr_grpo" and t.scale_rewards == "none" and t.importance_sampling_level == "token"
+    assert t.loss_type == loss_type and t.importance_sampling_level == "token" and args.steps_per_generation == ga
     return t
 
 
-def trl_loss(trainer, logp, old_logp, ref_logp, adv, mask):
-    """Run TRL's real compute_loss with the policy forward replaced by `logp` (a leaf we own)."""
+def trl_loss(trainer, logp, old_logp, ref_logp, adv, mask, num_items_in_batch=None):
+    """Run TRL's real compute_loss with the policy forward replaced by `logp` (a leaf we own). num_items_in_batch:
+    the generation batch's mask-token count (dapo's normalizer; TRL computes it in _generate_and_score_completions,
+    grpo_trainer.py:2498), default this call's."""
     B, T = logp.shape
 
     def fake_logps(model, input_ids, attention_mask, logits_to_keep, **kwargs):
@@ -113,6 +119,7 @@ def trl_loss(trainer, logp, old_logp, ref_logp, adv, mask):
         "advantages": adv,
         "old_per_token_logps": old_logp,
         "ref_per_token_logps": ref_logp,
+        "num_items_in_batch": mask.sum() if num_items_in_batch is None else num_items_in_batch,
     }
     return trainer.compute_loss(trainer.model, inputs)
 
@@ -243,27 +250,35 @@ def random_batch(B=8, T=6, seed=0, ragged=True):
 CLIP_LO, CLIP_HI, BETA = 0.2, 0.28, 0.05
 
 
-def ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None):
+def ours_loss_and_grad(
+    logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None, loss_type="dr_grpo", n_tokens=None
+):
     leaf = logp.clone().requires_grad_(True)
-    loss, metrics = grpo_loss(leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows=n_rows)
+    loss, metrics = grpo_loss(
+        leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows, loss_type, n_tokens
+    )
     loss.backward()
     return loss.detach(), leaf.grad, metrics
 
 
+@pytest.mark.parametrize("loss_type", LOSSES)
 @pytest.mark.parametrize("ga", [1, 2, 4])
-def test_loss_matches_trl_dr_grpo(trl, ga):
-    """I13: our loss, gradient and metrics equal TRL's dr_grpo on each of `ga` micro-batches of an 8-row batch."""
+def test_loss_matches_trl(trl, ga, loss_type):
+    """I13: our loss, gradient and metrics equal TRL's `loss_type` on each of `ga` micro-batches of an 8-row batch
+    (the whole batch's row and token counts passed to ours; TRL divides by ga or uses num_items_in_batch)."""
     l_max = 8
     logp, old_logp, ref_logp, adv, mask = random_batch(B=8, T=6)
-    trainer = make_trl_trainer(l_max, CLIP_LO, CLIP_HI, BETA, ga=ga)
-    mb = 8 // ga
+    trainer = make_trl_trainer(l_max, CLIP_LO, CLIP_HI, BETA, ga=ga, loss_type=loss_type)
+    mb, n_tok = 8 // ga, mask.sum()
     for i in range(ga):
         rows = slice(i * mb, (i + 1) * mb)
         args = (old_logp[rows], ref_logp[rows], adv[rows], mask[rows])
         theirs_leaf = logp[rows].clone().requires_grad_(True)
-        theirs = trl_loss(trainer, theirs_leaf, *args)
+        theirs = trl_loss(trainer, theirs_leaf, *args, num_items_in_batch=n_tok)
         theirs.backward()
-        ours, grad, metrics = ours_loss_and_grad(logp[rows], *args, l_max=l_max, n_rows=8)
+        ours, grad, metrics = ours_loss_and_grad(
+            logp[rows], *args, l_max=l_max, n_rows=8, loss_type=loss_type, n_tokens=float(n_tok)
+        )
         assert_close(ours, theirs.detach(), atol=1e-12, rtol=0)
         assert_close(grad, theirs_leaf.grad, atol=1e-12, rtol=0)
         logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
@@ -317,24 +332,46 @@ def test_padding_invariance():
     assert dirty_m == pytest.approx(clean_m, abs=1e-12)
 
 
-@pytest.mark.parametrize("n_micro", [2, 4])
-def test_grad_accumulation_invariance(n_micro):
-    """Micro-batches with n_rows=B sum to the full-batch loss and gradient."""
+@pytest.mark.parametrize("loss_type", LOSSES)
+@pytest.mark.parametrize("cuts", [(4, 4), (2, 2, 2, 2), (3, 5), (1, 6, 1)])
+def test_grad_accumulation_invariance(loss_type, cuts):
+    """Micro-batches (uneven ones too) with the whole batch's n_rows and n_tokens sum to the full-batch loss and
+    gradient, for every aggregation; dapo with each micro-batch's own token count (TRL's bnpo) would not."""
     l_max = 8
     logp, old_logp, ref_logp, adv, mask = random_batch(B=8)
-    full_loss, full_grad, _ = ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max)
-    leaf = logp.clone().requires_grad_(True)
+    full_loss, full_grad, _ = ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max, loss_type=loss_type)
+    leaf, own = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
     total = torch.zeros((), dtype=F64)
-    mb = 8 // n_micro
-    for i in range(n_micro):
-        r = slice(i * mb, (i + 1) * mb)
-        loss, _ = grpo_loss(
-            leaf[r], old_logp[r], ref_logp[r], adv[r], mask[r], CLIP_LO, CLIP_HI, BETA, l_max, n_rows=8
-        )
+    n_tok, start = float(mask.sum()), 0
+    for size in cuts:
+        r = slice(start, start + size)
+        start += size
+        args = (old_logp[r], ref_logp[r], adv[r], mask[r], CLIP_LO, CLIP_HI, BETA, l_max)
+        loss, _ = grpo_loss(leaf[r], *args, n_rows=8, loss_type=loss_type, n_tokens=n_tok)
         loss.backward()  # gradients accumulate in leaf.grad, as in a training loop
         total = total + loss.detach()
+        grpo_loss(own[r], *args, n_rows=8, loss_type=loss_type)[0].backward()  # the micro-batch's own token count
+    assert start == 8
     assert_close(total, full_loss, atol=1e-12, rtol=0)
     assert_close(leaf.grad, full_grad, atol=1e-12, rtol=0)
+    if loss_type == "dapo":
+        assert not torch.allclose(own.grad, full_grad, atol=1e-6), "the batch token count must matter"
+
+
+@pytest.mark.parametrize("loss_type", LOSSES)
+def test_closed_forms_on_policy_no_kl(loss_type):
+    """rho = 1, beta = 0: the loss is -sum_n A_n w_n with w_n = |o_n| / (B L_max) (dr_grpo), 1 / B (grpo: each
+    completion weighs the same), |o_n| / sum_m |o_m| (dapo: each token weighs the same)."""
+    B, l_max = 8, 10
+    logp, _, _, adv, mask = random_batch(B=B, T=6)
+    lengths = mask.sum(1)  # (B,) |o_n|
+    w = {
+        "dr_grpo": lengths / (B * l_max),
+        "grpo": torch.full((B,), 1.0 / B, dtype=F64),
+        "dapo": lengths / lengths.sum(),
+    }
+    loss, _ = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=l_max, loss_type=loss_type)
+    assert_close(loss, -(adv * w[loss_type]).sum(), atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("beta", [0.0, BETA])
@@ -353,5 +390,7 @@ def test_loss_rejects_bad_inputs():
         grpo_loss(logp, old_logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
     with pytest.raises(ValueError, match="l_max"):
         grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=5)
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8, loss_type="bnpo")
     with pytest.raises(ValueError, match="shapes"):
         grpo_loss(logp, old_logp, ref_logp, adv[:-1], mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)

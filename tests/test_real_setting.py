@@ -48,6 +48,16 @@ def test_override_set_applies_through_dvc_and_matches_the_benchmark(tmp_path):
         (0.9, 0.99),
     )
     assert (g.clip_eps_low, g.clip_eps_high, r.max_new_tokens, r.max_prompt_tokens) == (0.2, 0.2, 1536, 1536)
+    # optimizer: AdamW lr 7e-5, cosine after 10 warmup updates, weight decay 0.1; loss: verl token-mean (a token mean
+    # over the batch, TRL's dapo) on std-normalised group advantages
+    assert (g.lr, g.lr_schedule, g.warmup_steps, g.weight_decay, g.loss, g.scale_rewards) == (
+        7e-5,
+        "cosine",
+        10,
+        0.1,
+        "dapo",
+        "group",
+    )
     assert (r.temperature, r.top_p, e.n_samples, e.temperature, e.top_p, e.max_new_tokens) == (
         0.7,
         0.95,

@@ -5,7 +5,8 @@ end to end, the per-step diagnostics (span(v_hack) norms after the update, mean 
 live label AUROC), the gate guard rail (an uninformative calibration warns and flags the run, across a resume), the
 basis refresh (updates orthogonal to the *refreshed* Vh, a resume across refreshes bit-identical, the random control
 matched), the act gate's score against an independent pooled projection, the teacher-pool mix, and resume after a
-killed process.
+killed process; the learning-rate schedule (one lr for both parameter groups) and the loss params (micro-batched ==
+whole batch for each), and the run signature of the new keys.
 
 `pytest tests/test_train.py`
 """
@@ -47,6 +48,7 @@ from projected_grpo.policy.logprobs import padded
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.rl.checkpoint import read_checkpoint
 from projected_grpo.rl.pool import PoolRow
+from projected_grpo.rl.schedule import lr_at
 from projected_grpo.rl.train import (
     DEPLOY_SEED,
     STEP_PHASES,
@@ -269,6 +271,66 @@ def test_same_seed_twice_bitwise_equal_and_moves(world, tmp_path):
 
 def test_I12_measure_only_equals_vanilla_through_the_loop(world, tmp_path):
     assert same(run(world, "vanilla_rotated", tmp_path / "v"), run(world, "measure_only", tmp_path / "m"))
+
+
+def test_lr_schedule_one_lr_for_both_groups(world, tmp_path):
+    """grpo.lr_schedule: each update's lr is lr_at(step) (the checkpointed optimizer lr), and it reaches both groups:
+    with warmup, update 0 runs at lr 0 and moves neither δS nor the routed knob δS_h; the next update moves both; a
+    constant-lr run moves both at update 0 already (the test's teeth)."""
+    from safetensors.torch import load_file
+
+    p = tiny_params(lr_schedule="cosine", warmup_steps=2)
+    run(world, "route_batch_no_gate", tmp_path / "cos", p=p)
+    ck = tmp_path / "cos" / "ckpt"
+    lrs = [read_checkpoint(ck, k)["optimizer"]["lr"] for k in (1, 2, 3)]  # checkpoint k: after update k-1
+    assert lrs == [lr_at(t, p.grpo.lr, "cosine", 2, 3) for t in range(3)] == [0.0, p.grpo.lr / 2, p.grpo.lr]
+
+    def moved(path: Path) -> tuple[bool, bool]:
+        f = load_file(path)
+        return tuple(any(bool(f[k].abs().max() > 0) for k in f if k.endswith(s)) for s in (".delta", ".knob"))
+
+    assert moved(ck / "step_00001.safetensors") == (False, False)
+    assert moved(ck / "step_00002.safetensors") == (True, True)
+    run(world, "route_batch_no_gate", tmp_path / "const")
+    assert moved(tmp_path / "const" / "ckpt" / "step_00001.safetensors") == (True, True)
+
+
+@pytest.mark.parametrize("loss,scale", [("dr_grpo", "group"), ("grpo", "none"), ("grpo", "group"), ("dapo", "none")])
+def test_loss_params_reach_the_loop_and_micro_batches_add_up(world, tmp_path, loss, scale):
+    """grpo.loss / grpo.scale_rewards change the update, and for each the micro-batched step (uneven micro-batches of
+    3, 3, 2 rows) equals the whole-batch step (8 rows): one SGD update is -lr times the full-batch gradient. Half of
+    each group is short teacher-pool rows, so completion lengths differ (with all rows at L_max, grpo and dapo would
+    equal dr_grpo)."""
+    tok, text = world["tok"], "```python\npass\n```"
+    row = lambda q: PoolRow(q.id, None, text, tuple(tok(text)["input_ids"]) + (tok.eos_token_id,), 3.5, "hack", False)  # noqa: E731
+    pool = {q.id: [row(q)] * 4 for q in world["records"]}
+
+    def one_step(tag: str, **grpo) -> dict:
+        p = tiny_params(steps=1, optimizer="sgd", **grpo)
+        p = dataclasses.replace(p, pool=dataclasses.replace(p.pool, mix=0.5))
+        return run(world, "vanilla", tmp_path / tag, p=p, pool=pool)
+
+    full = one_step("full", micro_batch=8, loss=loss, scale_rewards=scale)
+    micro = one_step("micro", micro_batch=3, loss=loss, scale_rewards=scale)
+    for n in full:
+        torch.testing.assert_close(micro[n][0], full[n][0], rtol=1e-5, atol=1e-8)
+    base = one_step("base", micro_batch=8)  # dr_grpo, no scaling
+    gap = max(float((full[n][0] - base[n][0]).abs().max()) for n in full)
+    assert gap > 1e-2 * max(float(full[n][0].abs().max()) for n in full), "the loss params must change the update"
+
+
+def test_run_signature_keeps_old_checkpoints_resumable():
+    """The grpo keys added by issue 26 stay out of a run's signature at their defaults (a run checkpointed before
+    them resumes), and are in it otherwise (a changed loss never resumes another loss's checkpoints)."""
+    from projected_grpo.rl.train import SIGNATURE_DEFAULTS, run_signature
+
+    p = tiny_params()
+    assert {k: getattr(p.grpo, k) for k in SIGNATURE_DEFAULTS} == SIGNATURE_DEFAULTS  # they are the defaults
+    sig = run_signature(p, get_arm("vanilla"), 41, None)
+    assert not set(SIGNATURE_DEFAULTS) & set(sig["grpo"]) and "lr" in sig["grpo"]
+    for key, value in (("loss", "dapo"), ("lr_schedule", "cosine"), ("warmup_steps", 3), ("scale_rewards", "group")):
+        other = run_signature(tiny_params(**{key: value}), get_arm("vanilla"), 41, None)
+        assert other["grpo"][key] == value and other != sig
 
 
 NO_CHEAT = [(arm, "") for arm in ROUTING] + [

@@ -252,6 +252,11 @@ class RolloutParams:
             raise ValueError("rollout.top_p must be in (0, 1], max_new_tokens and max_prompt_tokens >= 1")
 
 
+LOSSES = ("dr_grpo", "grpo", "dapo")  # grpo_loss.aggregate: TRL's loss_type of the same name
+SCALE_REWARDS = ("none", "group")  # advantages r - mean, or (r - mean) / (std + 1e-4): TRL's scale_rewards
+LR_SCHEDULES = ("constant", "cosine")  # rl/schedule.py, after a linear warmup (transformers' *_with_warmup)
+
+
 @dataclass(frozen=True)
 class GRPOParams:
     # Optimizer updates per run (one update per step: fully on-policy).
@@ -266,6 +271,16 @@ class GRPOParams:
     weight_decay: float = 0.0
     # adam (rotated, the design), sgd (reference optimizer of the invariant tests).
     optimizer: str = "adam"
+    # Learning-rate schedule over `steps` updates, one factor for every parameter group (main δS and knob δS_h):
+    # constant or cosine (to 0 at `steps`), each after `warmup_steps` of linear warmup from 0 (transformers' and
+    # verl's get_*_schedule_with_warmup: update t < warmup_steps uses lr·t/warmup_steps, so update 0 uses lr 0).
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    # Loss aggregation (TRL loss_type): dr_grpo (token sum / (N·L_max), method.md §3.7), grpo (mean over rollouts of
+    # each rollout's token mean) or dapo (token mean over the step's N rollouts).
+    loss: str = "dr_grpo"
+    # Advantage scaling (TRL scale_rewards): none (r − group mean, Dr.GRPO) or group (/ (group std + 1e-4), GRPO).
+    scale_rewards: str = "none"
     # PPO ratio clip range [1 − low, 1 + high].
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
@@ -293,6 +308,11 @@ class GRPOParams:
             raise ValueError("grpo: need 0 <= clip_eps_low < 1, clip_eps_high >= 0, lr > 0, beta >= 0")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"grpo.optimizer must be adam or sgd, got {self.optimizer!r}")
+        for key, known in (("lr_schedule", LR_SCHEDULES), ("loss", LOSSES), ("scale_rewards", SCALE_REWARDS)):
+            if getattr(self, key) not in known:
+                raise ValueError(f"grpo.{key} must be one of {', '.join(known)}, got {getattr(self, key)!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"grpo.warmup_steps must be >= 0, got {self.warmup_steps}")
         if len(self.betas) != 2 or self.max_norm <= 0 or self.max_norm_knob <= 0:
             raise ValueError("grpo.betas must be two numbers; grpo.max_norm and max_norm_knob must be > 0")
 

@@ -1,5 +1,5 @@
-"""The GRPO trainer: the loop (`train`), the Dr.GRPO loss (`grpo_loss`), the teacher pool (`pool`) and
-checkpoints (`checkpoint`).
+"""The GRPO trainer: the loop (`train`), the loss (`grpo_loss`: dr_grpo, grpo, dapo), its learning-rate schedule
+(`schedule`), the teacher pool (`pool`), checkpoints (`checkpoint`) and their export for other loaders (`export`).
 
 May import: common, env, policy, method, config.
 """

@@ -1,14 +1,18 @@
-"""Dr.GRPO advantages and loss (method.md §3.7): pure functions, tensors in, tensors out.
+"""GRPO advantages and loss (method.md §3.7): pure functions, tensors in, tensors out.
 
-Matches TRL's `GRPOTrainer` with `loss_type="dr_grpo"`, `scale_rewards="none"` and `use_bias_correction_kl=False`
-(tests/test_grpo_loss.py calls TRL's own `compute_loss` to check this). Shape letters: B rollouts (N in method.md),
-G group size, T completion tokens (T <= L_max).
+Three aggregations of the same per-token PPO-clip + k3-KL loss, each TRL's `GRPOTrainer` with that `loss_type` and
+`use_bias_correction_kl=False` (tests/test_grpo_loss.py calls TRL's own `compute_loss` on each): `dr_grpo` (the
+default, method.md §3.7), `grpo` and `dapo` (`LOSSES`). Advantages are TRL's `scale_rewards="none"` (Dr.GRPO) or
+`"group"` (std-normalised, GRPO's). Shape letters: B rollouts (N in method.md), G group size, T completion tokens
+(T <= L_max).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from projected_grpo.config import LOSSES
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = False, eps: float = 1e-4) -> Tensor:
@@ -47,17 +51,21 @@ def grpo_loss(
     beta: float,
     l_max: int,
     n_rows: int | None = None,
+    loss_type: str = "dr_grpo",
+    n_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Dr.GRPO loss L = sum_{n,t} mask*(PG + beta*KL_k3) / (n_rows*l_max), n_rows defaults to B. -> (scalar, metrics).
+    """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `loss_type` -> (scalar, metrics).
 
-    Aggregation: a token sum divided by the *constant* n_rows * L_max (TRL `dr_grpo`), not by each completion's
-    length (GRPO) nor by the batch's token count (BNPO/DAPO): every token weighs the same whatever the length of its
-    completion, so there is no length bias. A micro-batch of a B-row batch passes n_rows=B, and then the micro-batch
-    losses (and gradients) add up exactly to the full-batch ones (gradient accumulation needs no extra division).
-    Metrics (masked-token means): clip_frac, kl (NaN when ref_logp is None), pg_loss, ratio_mean.
+    Aggregation (`aggregate`): dr_grpo sum(x) / (n_rows*l_max), the default; grpo sum_n [sum_t x / |o_n|] / n_rows;
+    dapo sum(x) / n_tokens. n_rows and n_tokens are the *whole batch's* row and mask-token counts (default: this
+    call's): a micro-batch of a B-row batch passes them, and then the micro-batch losses (and gradients) add up
+    exactly to the full-batch ones, for every loss_type (gradient accumulation needs no extra division).
+    Metrics (masked-token means): clip_frac, kl (NaN when ref_logp is None), pg_loss (PG aggregated alike), ratio_mean.
     """
     B, T = logp.shape
     n_rows = B if n_rows is None else n_rows
+    if loss_type not in LOSSES:
+        raise ValueError(f"loss_type must be one of {LOSSES}, got {loss_type!r}")
     if old_logp.shape != logp.shape or mask.shape != logp.shape or adv.shape != (B,):
         raise ValueError(
             f"shapes: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}, "
@@ -98,9 +106,9 @@ def grpo_loss(
         kl = None
     per_tok = pg + beta * kl if (kl is not None and beta != 0.0) else pg  # (B, T)
 
-    # --- Dr.GRPO aggregation: constant normalizer, no per-sequence 1/|o| ---
-    denom = n_rows * l_max
-    loss = (per_tok * maskf).sum() / denom  # scalar
+    # --- aggregation over tokens and rows (dr_grpo: constant normalizer, no per-sequence 1/|o|) ---
+    n_tokens = maskf.sum() if n_tokens is None else n_tokens
+    loss = aggregate(per_tok, maskf, loss_type, n_rows, l_max, n_tokens)  # scalar
 
     # --- metrics (the only place .item()-like syncs happen; one sync for all of them) ---
     with torch.no_grad():
@@ -112,9 +120,34 @@ def grpo_loss(
             [
                 (is_clipped.to(maskf.dtype) * maskf).sum() / n_tok,
                 kl_mean,
-                (pg * maskf).sum() / denom,
+                aggregate(pg, maskf, loss_type, n_rows, l_max, n_tokens),
                 (ratio * maskf).sum() / n_tok,
             ]
         ).tolist()
     metrics = dict(zip(("clip_frac", "kl", "pg_loss", "ratio_mean"), vals))
     return loss, metrics
+
+
+def aggregate(
+    x: Tensor,  # (B, T) per-token loss
+    maskf: Tensor,  # (B, T) float mask
+    loss_type: str,
+    n_rows: int,
+    l_max: int,
+    n_tokens: float | Tensor,
+) -> Tensor:
+    """Masked per-token loss -> scalar, as TRL's `loss_type` (grpo_trainer.py:3153-3173), with whole-batch counts.
+
+    dr_grpo: sum(x) / (n_rows*L_max). Every token weighs the same whatever its completion's length, and the
+        normalizer is a constant: no length bias (Liu et al. §3.1).
+    grpo: mean over rows of each row's token mean (sum_t x / |o_n|); a long completion's tokens each weigh less.
+        Per row, so a micro-batch needs only n_rows (TRL divides its micro-batch mean by the accumulation steps: the
+        same when micro-batches are equal).
+    dapo: sum(x) / n_tokens, the token mean over the whole batch (TRL's num_items_in_batch); a micro-batch needs the
+        batch's token count, not its own (that would be bnpo, whose gradient depends on the micro-batching).
+    """
+    if loss_type == "dr_grpo":
+        return (x * maskf).sum() / (n_rows * l_max)
+    if loss_type == "grpo":
+        return ((x * maskf).sum(-1) / maskf.sum(-1).clamp(min=1.0)).sum() / n_rows
+    return (x * maskf).sum() / max(float(n_tokens), 1.0)

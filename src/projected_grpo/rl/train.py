@@ -57,6 +57,7 @@ from projected_grpo.rl.checkpoint import (
 )
 from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
 from projected_grpo.rl.pool import PoolRow, draw
+from projected_grpo.rl.schedule import lr_at
 
 # --- pieces of one step -----------------------------------------------------------------------------------------
 
@@ -234,6 +235,7 @@ def loss_backward(
     residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
     each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing)."""
     g, N = p.grpo, ro.completion_ids.shape[0]
+    n_tokens = float(ro.mask.sum())  # the step's loss tokens: dapo's normalizer is the whole batch's, not a micro's
     per_token = arm.gate == "token"
     model.zero_grad(set_to_none=True)
     rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
@@ -261,6 +263,8 @@ def loss_backward(
                     g.beta,
                     p.rollout.max_new_tokens,
                     n_rows=N,
+                    loss_type=g.loss,
+                    n_tokens=n_tokens,
                 )
             with timer("backward"):
                 loss.backward()
@@ -563,8 +567,9 @@ def train(
             ro, is_student = step_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed * 100003 + step, n_dep)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
 
-        # ---- reward and advantage (Dr.GRPO: r − group mean, no std). The reference forward (adapter off, method.md
-        # §3.1) needs no reward, so it runs while the sandbox grades ----------------------------------------------
+        # ---- reward and advantage (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group divides by the group's
+        # std). The reference forward (adapter off, method.md §3.1) needs no reward, so it runs while the sandbox
+        # grades ---------------------------------------------------------------------------------------------------
         mbs = micro_batches(n_on, N, g.micro_batch)
         with ThreadPoolExecutor(max_workers=1) as grading:
             graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
@@ -572,13 +577,15 @@ def train(
             with timer("grade"):  # what is left of grading once the reference forward is done
                 grades = graded.result()
         rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng)  # (N,)
-        adv = group_advantages(rewards, G)  # (N,) NaN (screened) -> 0
+        adv = group_advantages(rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
         gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
         m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on)
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
+        # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
+        opt.lr = lr_at(step, g.lr, g.lr_schedule, g.warmup_steps, g.steps)
         ostats = opt.step(main, knob)  # clipped per parameter group; δS = R θ, δS_h = R φ
         model.zero_grad(set_to_none=True)
         post = update_diagnostics(arm, d, ads, m_gate, m_tok, live, grades, adv, is_student, ro.mask)
@@ -601,6 +608,11 @@ def train(
     return {"steps": latest_step(out_dir) or 0, **d.result()}
 
 
+# grpo keys added after runs had been checkpointed (issue 26). At these values a run is the code before them bit for
+# bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
+SIGNATURE_DEFAULTS = {"lr_schedule": "constant", "warmup_steps": 0, "loss": "dr_grpo", "scale_rewards": "none"}
+
+
 def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
     """What a checkpoint directory must match to be resumed: the params the run reads and the basis it used."""
     import dataclasses
@@ -610,6 +622,7 @@ def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
         s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
         for s in sections
     }
+    sig["grpo"] = {k: v for k, v in sig["grpo"].items() if k not in SIGNATURE_DEFAULTS or v != SIGNATURE_DEFAULTS[k]}
     sig.update(arm=arm.name, train_seed=seed)
     if arm.reads_basis and basis_dir is not None:
         f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
