@@ -320,17 +320,22 @@ def test_loss_params_reach_the_loop_and_micro_batches_add_up(world, tmp_path, lo
 
 
 def test_run_signature_keeps_old_checkpoints_resumable():
-    """The grpo keys added by issue 26 stay out of a run's signature at their defaults (a run checkpointed before
+    """The keys added by issues 25 and 26 stay out of a run's signature at their defaults (a run checkpointed before
     them resumes), and are in it otherwise (a changed loss never resumes another loss's checkpoints)."""
     from projected_grpo.rl.train import SIGNATURE_DEFAULTS, run_signature
 
     p = tiny_params()
-    assert {k: getattr(p.grpo, k) for k in SIGNATURE_DEFAULTS} == SIGNATURE_DEFAULTS  # they are the defaults
+    for section, new in SIGNATURE_DEFAULTS.items():  # they are the defaults
+        assert {k: getattr(getattr(p, section), k) for k in new} == new
     sig = run_signature(p, get_arm("vanilla"), 41, None)
-    assert not set(SIGNATURE_DEFAULTS) & set(sig["grpo"]) and "lr" in sig["grpo"]
+    assert not set(SIGNATURE_DEFAULTS["grpo"]) & set(sig["grpo"]) and "lr" in sig["grpo"]
+    assert "deploy_frac" not in sig["projection"] and "band" in sig["projection"]
     for key, value in (("loss", "dapo"), ("lr_schedule", "cosine"), ("warmup_steps", 3), ("scale_rewards", "group")):
         other = run_signature(tiny_params(**{key: value}), get_arm("vanilla"), 41, None)
         assert other["grpo"][key] == value and other != sig
+    q = dataclasses.replace(p, projection=dataclasses.replace(p.projection, deploy_frac=0.5))
+    other = run_signature(q, get_arm("vanilla"), 41, None)
+    assert other["projection"]["deploy_frac"] == 0.5 and other != sig
 
 
 NO_CHEAT = [(arm, "") for arm in ROUTING] + [

@@ -1,7 +1,7 @@
 """The experiment's arms as data (method.md §3.4, benchmark.md §6): one registry entry holds everything about an arm.
 
 An arm name is the unit of the DVC matrix (`train@<arm>-<seed>`). Every arm runs the same forward, loss, adapter and
-optimizer; they differ in the gradient edit (`edit`: a rule of `edits.EDITS`), its gate (`gate`: what the routing
+optimizer; they differ in the gradient edit (`edit`: a rule of `projection.RULES`), its gate (`gate`: what the routing
 decision is made per, calibrated on held-out pairs), the reward and monitor, and the basis. Every other module asks
 this registry (config validates names against it, train dispatches on its fields, evaluate reads `knob_states`, the
 report reads `role`, `control` and `family`) instead of matching on names.
@@ -10,7 +10,7 @@ Arms that read no basis (`vanilla`, `gt_only`, the GT-monitor baselines) optimis
 the basis never re-runs them [design: method.md §3.6 shares one rotation across arms; that would make vanilla depend
 on `basis.*`. `vanilla_rotated` runs vanilla in the basis' coordinates to measure what the rotation alone does].
 
-Adding an arm: an entry in `_registry` (and, for a new rule, its function in `edits.EDITS`) plus a test.
+Adding an arm: an entry in `_registry` (and, for a new rule, its function in `projection.RULES`) plus a test.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ROLES = ("baseline", "candidate", "control", "oracle")
 @dataclass(frozen=True)
 class Arm:
     name: str
-    edit: str  # the coordinate rule (edits.EDITS key), applied in rotated coordinates
+    edit: str  # the coordinate rule (projection.RULES key), applied in rotated coordinates
     reward: str = "correct_or_hinted"  # gt_only: the no-loophole ceiling (hints present, never paid)
     monitor: str | None = None  # GT-monitor baselines: penalty (−3 when flagged) or screening (advantage 0)
     gate: str | None = None  # per-sample routing gate calibrated on held-out pairs (GATES); None: batch rule

@@ -608,9 +608,12 @@ def train(
     return {"steps": latest_step(out_dir) or 0, **d.result()}
 
 
-# grpo keys added after runs had been checkpointed (issue 26). At these values a run is the code before them bit for
-# bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
-SIGNATURE_DEFAULTS = {"lr_schedule": "constant", "warmup_steps": 0, "loss": "dr_grpo", "scale_rewards": "none"}
+# Keys added after runs had been checkpointed (issues 25, 26), by section. At these values a run is the code before
+# them bit for bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
+SIGNATURE_DEFAULTS = {
+    "grpo": {"lr_schedule": "constant", "warmup_steps": 0, "loss": "dr_grpo", "scale_rewards": "none"},
+    "projection": {"deploy_frac": 0.0},
+}
 
 
 def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
@@ -622,7 +625,8 @@ def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
         s: repr(getattr(p, s)) if not dataclasses.is_dataclass(getattr(p, s)) else dataclasses.asdict(getattr(p, s))
         for s in sections
     }
-    sig["grpo"] = {k: v for k, v in sig["grpo"].items() if k not in SIGNATURE_DEFAULTS or v != SIGNATURE_DEFAULTS[k]}
+    for sec, new in SIGNATURE_DEFAULTS.items():
+        sig[sec] = {k: v for k, v in sig[sec].items() if k not in new or v != new[k]}
     sig.update(arm=arm.name, train_seed=seed)
     if arm.reads_basis and basis_dir is not None:
         f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
