@@ -28,7 +28,8 @@ def main(
     p = load_params(params)
     torch.set_num_threads(p.grpo.threads)
     name = p.pool.teacher
-    teacher, tok = load_model_and_tokenizer(name, path=organism / "teacher" if name == "organism" else None)
+    path = organism / "teacher" if name == "organism" else None
+    teacher, tok = load_model_and_tokenizer(name, path, p.model.device, p.model.dtype)
     records = load_problems_parquet(problems / "train.parquet")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
         rows = build_pool(

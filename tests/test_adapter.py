@@ -23,6 +23,7 @@ from projected_grpo.policy.adapter import (
     save_adapter,
     svd_factors,
     token_capture,
+    top_singular_vectors,
 )
 from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, token_logprobs
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
@@ -307,6 +308,18 @@ def test_svd_factors_cached_and_orthonormal(tmp_path):
     torch.testing.assert_close(V.T @ V, torch.eye(4), atol=1e-5, rtol=0)
     S = torch.linalg.svdvals(w)[:4]
     torch.testing.assert_close(U.T @ w @ V, torch.diag(S), atol=1e-5, rtol=0)  # top-r singular triplets
+
+
+@pytest.mark.parametrize("shape", [(40, 16), (16, 40)])  # tall and wide: the Gram matrix is on the smaller side
+def test_top_singular_vectors_are_the_svds_top_triplets(shape):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(*shape, generator=g) * torch.linspace(3, 0.1, shape[1])  # a decaying spectrum
+    U, V = top_singular_vectors(w, 5)  # the CUDA path of svd_factors
+    S = torch.linalg.svdvals(w)[:5]
+    assert U.dtype == V.dtype == torch.float32 and U.shape == (shape[0], 5) and V.shape == (shape[1], 5)
+    torch.testing.assert_close(U.T @ U, torch.eye(5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(V.T @ V, torch.eye(5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(U.T @ w @ V, torch.diag(S), atol=1e-4, rtol=0)  # top-r singular triplets, in order
 
 
 def test_token_logprobs_temperature():

@@ -38,6 +38,7 @@ def test_override_set_applies_through_dvc_and_matches_the_benchmark(tmp_path):
     # benchmark.md §5.1: Qwen3-4B, 16 prompts x G=16, 1536/1536 tokens, T 0.7, top_p 0.95, beta 1e-3, 200 steps,
     # clip 0.2, grad-clip 1.0, betas (0.9, 0.99); eval: 10 samples, T 0.7, top_p 0.95, 1536 tokens
     assert (p.model.name, p.substrate) == ("Qwen/Qwen3-4B", "leetcode")
+    assert (p.model.device, p.model.dtype) == ("cuda", "bfloat16")
     g, r, e = p.grpo, p.rollout, p.eval
     assert (g.steps, g.prompts_per_step, g.group_size, g.beta, g.max_norm, g.betas) == (
         200,
@@ -91,7 +92,7 @@ def test_real_setting_code_path_on_a_tiny_random_qwen3(tmp_path):
     tok.save_pretrained(policy)
     d = overlay(yaml.safe_load((ROOT / "params.yaml").read_text()), yaml.safe_load(OVERRIDES.read_text()))
     shrink = {  # the override set at toy scale; offline, the leetcode train split is the default test-file split
-        "model": {"name": str(policy)},
+        "model": {"name": str(policy), "device": "cpu"},  # the override set's bf16 weights, on the CPU
         "pool": {"teacher": str(policy)},
         "leetcode": {"train_path": None, "holdout_path": None, "train_from_test": True, "n_test": 3, "n_holdout": 2},
         "adapter": {"rank": 4},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ T = TypeVar("T")
 
 SUBSTRATES = ("minileet", "leetcode")
 LEVELS = ("easy", "medium", "hard")  # minileet's difficulty levels
+DEVICES = ("auto", "cpu", "cuda")  # model.device (or cuda:N); policy/model.resolve_device
+MODEL_DTYPES = ("float32", "bfloat16")  # model.dtype: the base weights'; adapter masters stay fp32
 # Name lists live here, and the modules that dispatch on them import them, so config (yaml + dataclasses) stays
 # light to import and nothing is kept equal by hand.
 MAX_SPLIT = 99999  # minileet ids are <split base> + index, 100000 apart
@@ -134,10 +137,18 @@ class ModelParams:
     # Policy: a hub id or local save_pretrained dir (real setting, e.g. Qwen/Qwen3-4B), `organism` (the organism
     # stage's artifact), or `tiny-random` (a tiny Qwen3 built in-process, for tests).
     name: str = "organism"
+    # Where the policy (and the teacher) run: cpu, cuda (cuda:N) or auto (cuda when one is visible, else cpu).
+    device: str = "cpu"
+    # The base weights' dtype: float32 or bfloat16. δS, δS_h, probes, bases and the rotated Adam state stay fp32.
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("model.name must be a hub id, a local path, 'organism' or 'tiny-random'")
+        if not (self.device in DEVICES or re.fullmatch(r"cuda:\d+", self.device)):
+            raise ValueError(f"model.device must be one of {', '.join(DEVICES)} or cuda:N, got {self.device!r}")
+        if self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"model.dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,8 @@ def measure(
     Returns {"components": summary, "modules": per-module components, "policies": {variant: score}}; the model's δS
     and δS_h are restored afterwards."""
     ads = adapters(model)
-    delta = {n: a.delta.detach().clone() for n, a in ads.items()}
-    knob = {n: a.knob.detach().clone() for n, a in ads.items()}
+    delta = {n: a.delta.detach().clone().cpu() for n, a in ads.items()}  # on the CPU, with the basis files' rows
+    knob = {n: a.knob.detach().clone().cpu() for n, a in ads.items()}
     comp = components(delta, knob, own)
     pols = {"deploy": deploy}
     for v in VARIANTS[1:]:

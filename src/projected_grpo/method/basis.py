@@ -26,6 +26,7 @@ from projected_grpo.policy.logprobs import (
     batch_sequences,
     completion_logprobs,
     mean_nll,
+    on_model,
     padded,
     shared_prompt_logprobs,
 )
@@ -187,6 +188,12 @@ class Basis:
     def k(self) -> dict[str, int]:
         return {n: v.shape[0] for n, v in self.vh.items()}
 
+    def to(self, device) -> Basis:
+        """The same basis with its tensors on `device` (the run's δS device; extraction and files stay on the CPU)."""
+        mv = lambda d: {n: v.to(device) for n, v in d.items()}  # noqa: E731
+        v_act = None if self.v_act is None else self.v_act.to(device)
+        return Basis(vh=mv(self.vh), nu=mv(self.nu), meta=self.meta, v_act=v_act)
+
     def save(self, path: Path | str) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +235,8 @@ def completion_grads(
     batch_size: int = 16,
     own_tokens: bool = False,
 ) -> dict[str, Tensor]:
-    """Per-completion ∇_δS ℓ(o|q), ℓ = mean NLL over completion tokens at `temperature`: {module: (n, D_m)}.
+    """Per-completion ∇_δS ℓ(o|q), ℓ = mean NLL over completion tokens at `temperature`: {module: (n, D_m)}, on the
+    CPU whatever the model's device.
 
     One backward per batch through the adapter probes (e.grad[i] is row i's exact gradient, I4); δS itself gets no
     gradient kept. The adapters' current δS/δS_h are the extraction point (0 at init). `own_tokens`: only the
@@ -243,7 +251,8 @@ def completion_grads(
             if own_tokens:  # each row its own prompt run (probes paused there), its completion on top
                 (pi, pm), (ci, cm) = padded(ps, pad, left=True), padded(cs, pad)  # (b, Tp), (b, T)
                 rows = torch.arange(len(ps))
-                logp, mask = shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, rows, rows), cm
+                logp = shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, rows, rows)
+                mask = cm.to(logp.device)
             else:
                 ids, att, cm = batch_sequences(ps, cs, pad)
                 logp, mask = completion_logprobs(model, ids, att, cm, temperature)
@@ -253,7 +262,7 @@ def completion_grads(
             nll.sum().backward(inputs=list(es.values()))  # rows are independent: row i's grad lands in e[i]
         for n, e in es.items():
             out[n].append(e.grad.detach().clone())
-    return {n: torch.cat(v) for n, v in out.items()}
+    return {n: torch.cat(v).cpu() for n, v in out.items()}  # on the CPU, where bases are extracted and scored
 
 
 @torch.no_grad()
@@ -265,14 +274,15 @@ def pool_tokens(h: Tensor, mask: Tensor) -> Tensor:
 
 
 def pooled_activations(model, tokenizer, records, completions: list[str], layer: int, batch_size: int = 16) -> Tensor:
-    """(n, d): the residual stream after block `layer`, mean-pooled over each completion's tokens."""
+    """(n, d) on the CPU: the residual stream after block `layer`, mean-pooled over each completion's tokens."""
     prompts, comps = encode(tokenizer, records, completions)
     rows = []
     for s in range(0, len(prompts), batch_size):
         ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tokenizer.pad_token_id)
+        ids, att, cm = on_model(model, ids, att, cm)
         h = model(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states[layer + 1]  # (b, L, d)
         rows.append(pool_tokens(h, cm))
-    return torch.cat(rows)
+    return torch.cat(rows).cpu()  # on the CPU, where bases are extracted and scored
 
 
 # --- Basis from gradients --------------------------------------------------------------------------------------

@@ -157,7 +157,7 @@ class LoopState:
     def to_checkpoint(self) -> dict:
         out = {"gate": self.gate.checkpoint()}
         if self.basis is not None:
-            b = self.basis
+            b = self.basis.to("cpu")  # a checkpoint resumes on any device
             out["basis"] = {"vh": b.vh, "nu": b.nu, "meta": b.meta, "v_act": b.v_act}
         return out
 
@@ -173,14 +173,23 @@ class LoopState:
 class Direction:
     """The current basis and gate of one run (None / unused for basis-free arms), resumable from a checkpoint.
 
-    `label` names the run in warnings ("<arm> s<seed>"). `cur` is the basis in use, `kept` the adapter modules it has
-    directions for (in adapter order), `k` each module's number of directions (0 without), `nu` its scoring direction
-    over the kept modules."""
+    `label` names the run in warnings ("<arm> s<seed>"); `device` is δS's. `cur` is the basis in use (on `device`),
+    `kept` the adapter modules it has directions for (in adapter order), `k` each module's number of directions (0
+    without), `nu` its scoring direction over the kept modules."""
 
     def __init__(
-        self, p, arm: Arm, rb: RunBasis, names: list[str], own_tokens: bool, label: str, state: dict | None = None
+        self,
+        p,
+        arm: Arm,
+        rb: RunBasis,
+        names: list[str],
+        own_tokens: bool,
+        label: str,
+        state: dict | None = None,
+        device="cpu",
     ):
         self.p, self.arm, self.rb, self.names, self.own_tokens, self.label = p, arm, rb, names, own_tokens, label
+        self.device = device  # δS's: the loop's gates and edits run there (bases are loaded and extracted on the CPU)
         self.act_layer = p.basis.act_layer if act_gated(p, arm) else None
         cur = None
         if arm.reads_basis:
@@ -188,6 +197,8 @@ class Direction:
             cur = Basis(vh=rb.basis.vh, nu=rb.basis.nu, meta=rb.basis.meta, v_act=v_act)
         # resume: continue with the basis and gate the checkpointed step was using
         self.state = LoopState(cur, GateState()) if state is None else LoopState.from_checkpoint(state, cur)
+        if self.state.basis is not None:
+            self.state.basis = self.state.basis.to(device)
         self._derive()
 
     @property
@@ -219,7 +230,7 @@ class Direction:
         if refreshed:
             self.state.basis = refresh_basis(
                 model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer
-            )
+            ).to(self.device)
             self._derive()
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
         if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):

@@ -151,18 +151,19 @@ def calibrate_gate(
             calibration_token_scores(model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq)
             for side in (cal.hack, cal.clean)
         )
-        units = (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
+        sh, sc, units = sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
         auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
     elif act_layer is not None:
         sh, sc = (
-            pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float()
+            pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float().cpu()
             for side in (cal.hack, cal.clean)
         )
         auc = auroc(sh, sc)
     else:
         gh = completion_grads(model, tok, cal.records, cal.hack, temperature, own_tokens=own_tokens)
         gc = completion_grads(model, tok, cal.records, cal.clean, temperature, own_tokens=own_tokens)
-        sh, sc = cosine_scores(gh, cur.nu), cosine_scores(gc, cur.nu)
+        nu = {n: v.cpu() for n, v in cur.nu.items()}  # the run's basis sits on its δS device; grads on the CPU
+        sh, sc = cosine_scores(gh, nu), cosine_scores(gc, nu)
         auc = auroc(sh, sc)
     model.zero_grad(set_to_none=True)
     ci = auroc_interval(

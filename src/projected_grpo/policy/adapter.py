@@ -161,14 +161,34 @@ def svd_factors(weight: Tensor, rank: int, cache_dir: Path | str | None = None) 
             f = load_file(path)
             return f["U"], f["V"]
     w = weight.detach().to(torch.promote_types(weight.dtype, torch.float32))  # fp32 at least (method.md §6.9)
-    U, _, Vh = torch.linalg.svd(w, full_matrices=False)
-    U, V = U[:, :rank].contiguous().cpu(), Vh[:rank].T.contiguous().cpu()
+    if w.is_cuda:  # a full GPU SVD of a 4B model's 252 projections takes minutes; the top r need one eigh each
+        U, V = top_singular_vectors(w, rank)
+    else:
+        U, _, Vh = torch.linalg.svd(w, full_matrices=False)
+        U, V = U[:, :rank], Vh[:rank].T
+    U, V = U.contiguous().cpu(), V.contiguous().cpu()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         save_file({"U": U, "V": V}, str(tmp))
         tmp.replace(path)  # atomic: a killed run never leaves a half-written cache entry
     return U, V
+
+
+def top_singular_vectors(w: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """Top-`rank` singular vectors of w (d_out, d_in) from the eigendecomposition of its Gram matrix on the smaller
+    side, in fp64: U (d_out, r), V (d_in, r) in w's dtype, σ descending. The same subspaces as the thin SVD's (signs
+    aside) wherever σ_r > 0 and the top r are separated from the rest; σ² loses the small singular values to
+    rounding, which the top r of a weight matrix never are."""
+    w64 = w.double()
+    tall = w64.shape[0] >= w64.shape[1]
+    gram = w64.T @ w64 if tall else w64 @ w64.T  # (n, n), n = min(d_out, d_in)
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    top = evecs[:, -rank:].flip(-1)  # (n, r) by σ descending
+    s = evals[-rank:].flip(-1).clamp(min=0).sqrt().clamp(min=torch.finfo(torch.float64).tiny)  # (r,)
+    other = (w64 @ top if tall else w64.T @ top) / s  # the other side's singular vectors: W v = σ u
+    U, V = (other, top) if tall else (top, other)
+    return U.to(w.dtype), V.to(w.dtype)
 
 
 def lora_A(weight: Tensor, rank: int, name: str, seed: int) -> Tensor:
@@ -190,12 +210,13 @@ def target_names(model: nn.Module, targets: str | tuple[str, ...]) -> list[str]:
 
 
 def load_policy(p, organism: Path, cache_dir: Path | str | None = None) -> tuple[nn.Module, object]:
-    """(model, tokenizer): the run config's base policy (`model.name`; the organism's base/ by default) with the
-    adapter attached at δS = δS_h = 0, in eval mode — what train, basis, probe, evaluate and eval_sets all start from,
-    so every checkpoint loads into it. cache_dir: the base weights' SVD cache (the basis stage's)."""
+    """(model, tokenizer): the run config's base policy (`model.name`; the organism's base/ by default) on
+    `model.device` in `model.dtype`, with the adapter attached at δS = δS_h = 0 (fp32 masters), in eval mode — what
+    train, basis, probe, evaluate and eval_sets all start from, so every checkpoint loads into it. cache_dir: the base
+    weights' SVD cache (the basis stage's)."""
     from projected_grpo.policy.model import load_model_and_tokenizer
 
-    model, tok = load_model_and_tokenizer(p.model.name, path=organism / "base")
+    model, tok = load_model_and_tokenizer(p.model.name, organism / "base", p.model.device, p.model.dtype)
     attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, cache_dir=cache_dir, seed=p.seed)
     return model.eval(), tok
 
@@ -376,8 +397,12 @@ def delta_weight(a: Adapter) -> torch.Tensor:
 @contextmanager
 def merged(model: nn.Module) -> Iterator[None]:
     """Sample from W + ΔW as plain Linears (no adapter matmuls): the same policy up to float rounding, faster.
-    The adapters are put back on exit. Use for evaluation only (no probes, no gradients)."""
+    The adapters are put back on exit. Use for evaluation only (no probes, no gradients). Below fp32 (a bf16 base)
+    it merges nothing: W + ΔW rounded to bf16 would lose most of a small ΔW, so sampling goes through the adapters."""
     swapped: list[tuple[nn.Module, str, Adapter]] = []
+    if any(a.base.weight.dtype != torch.float32 for a in adapters(model).values()):
+        yield
+        return
     try:
         for name, a in list(adapters(model).items()):
             parent_name, _, leaf = name.rpartition(".")

@@ -13,6 +13,12 @@ from torch import Tensor
 from projected_grpo.policy.adapter import probes_paused
 
 
+def on_model(model, *xs: Tensor) -> tuple[Tensor, ...]:
+    """xs on the model's device (model.device: the batches are built on the CPU; a no-op there)."""
+    dev = next(model.parameters()).device
+    return tuple(x.to(dev) for x in xs)
+
+
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
     """(B, T, V) logits, (B, T) target ids -> (B, T) log π(id | prefix) at `temperature` (log_softmax(logits / T))."""
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least (bf16 models)
@@ -53,6 +59,7 @@ def completion_logprobs(
     model, ids: Tensor, attention_mask: Tensor, completion_mask: Tensor, temperature: float
 ) -> tuple[Tensor, Tensor]:
     """(logp, mask), both (B, L-1): log-prob of each next token, and 1 where that token is a completion token."""
+    ids, attention_mask, completion_mask = on_model(model, ids, attention_mask, completion_mask)
     logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]  # (B, L-1, V)
     return token_logprobs(logits, ids[:, 1:], temperature), completion_mask[:, 1:]
 
@@ -70,6 +77,7 @@ def rollout_logprobs(
 
     Position ids follow the attention mask (cumsum − 1), as HF `generate` computes them for left-padded prompts, so
     these are exactly the sampling distribution's log-probs (at logits / temperature)."""
+    prompt_ids, prompt_mask, completion_ids, mask = on_model(model, prompt_ids, prompt_mask, completion_ids, mask)
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, Tp + T)
     att = torch.cat([prompt_mask, mask], dim=1)  # (B, Tp + T); tokens after EOS are masked out
     pos = (att.cumsum(-1) - 1).clamp(min=0)
@@ -99,6 +107,8 @@ def shared_prompt_logprobs(
     (`adapter.probes_paused`): with probes open, `e.grad[n]` is row n's own-token gradient (its completion
     positions), while δS.grad is the full gradient, prompt positions included. `rollout_logprobs` gives whole
     per-row gradients."""
+    prompt_ids, prompt_mask, completion_ids, mask = on_model(model, prompt_ids, prompt_mask, completion_ids, mask)
+    first, owner = on_model(model, first, owner)
     T = completion_ids.shape[1]
     t = max(1, int(mask.sum(-1).max()))  # columns past every row's EOS are padding: not run, their log-probs are 0
     completion_ids, mask = completion_ids[:, :t], mask[:, :t]

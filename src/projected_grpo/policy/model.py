@@ -27,15 +27,31 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_device(device: str) -> str:
+    """model.device -> a torch device string: 'auto' is cuda when one is visible, else cpu; a cuda device that is not
+    there is a one-line error (not a silent fall back to the CPU)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(
+                f"model.device is {device!r} but this machine has {torch.cuda.device_count()} visible CUDA device(s); "
+                "set model.device: cpu (or auto)"
+            )
+    return device
+
+
 def load_model_and_tokenizer(name: str, path: str | Path | None = None, device: str = "cpu", dtype: str = "auto"):
     """Return (model in eval mode on `device`, tokenizer).
 
     Args:
         name: "tiny-random", "organism" (loads `path`), a local save_pretrained directory, or a hub id.
         path: the organism directory; required for name="organism", ignored otherwise.
-        device: torch device string, e.g. "cpu" or "cuda".
+        device: "cpu", "cuda", "cuda:N" or "auto" (resolve_device).
         dtype: "auto" (bf16 on GPU, fp32 on CPU), "float32", "bfloat16" or "float16".
     """
+    device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     if name == "tiny-random":
         tok = tiny_tokenizer()

@@ -41,6 +41,13 @@ class Rollout:
     def lengths(self) -> Tensor:  # (B,) completion tokens per row, EOS included
         return self.mask.sum(-1)
 
+    def to(self, device) -> Rollout:
+        """The same rows with their tensors on `device` (sampling returns them on the CPU; the loss runs on the model's
+        device). A no-op on the CPU."""
+        mv = lambda x: None if x is None else x.to(device)  # noqa: E731
+        ids = (self.prompt_ids, self.prompt_mask, self.completion_ids, self.mask)
+        return Rollout(*map(mv, ids), texts=self.texts, old_logp=mv(self.old_logp))
+
 
 def concat_rollouts(a: Rollout, b: Rollout, pad_id: int) -> Rollout:
     """a's rows then b's, in one layout: prompts left-padded and completions right-padded to the wider of the two (pad

@@ -77,7 +77,7 @@ def row_grads(
     temperature: float,
     micro_batch: int,
 ) -> dict[str, Tensor]:
-    """Per-row ∇_δS ℓ(o|q) through the adapter probes: {module: (n, D_m)}; row i's gradient is e.grad[i] (I4).
+    """Per-row ∇_δS ℓ(o|q) through the adapter probes: {module: (n, D_m)} on the CPU; row i's is e.grad[i] (I4).
 
     ℓ = mean NLL over the completion tokens (given as ids, EOS included) at `temperature`. A non-finite NLL is not
     an error here: its row's gradient comes back non-finite and counts as a null cosine."""
@@ -92,7 +92,7 @@ def row_grads(
             nll.sum().backward(inputs=list(es.values()))  # rows are independent: row i's grad lands in e[i]
         for n, e in es.items():
             out[n].append(e.grad.detach().clone())  # (b, D_m)
-    return {n: torch.cat(v) for n, v in out.items()}
+    return {n: torch.cat(v).cpu() for n, v in out.items()}  # on the CPU, with the bases they are scored against
 
 
 def row_cosines(grads: Mapping[str, Tensor], nu: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:

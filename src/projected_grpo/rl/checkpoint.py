@@ -52,7 +52,7 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, extra: dict | No
 
 def read_checkpoint(out_dir: Path, step: int) -> dict:
     """The `.pt` dict of a checkpoint (read before building the optimizer: it holds the rotations to build it with)."""
-    return torch.load(out_dir / f"{_stem(step)}.pt", weights_only=False)
+    return torch.load(out_dir / f"{_stem(step)}.pt", weights_only=False, map_location="cpu")  # any device resumes
 
 
 def load_checkpoint(out_dir: Path, step: int, model, optimizer, state: dict | None = None) -> dict:

@@ -299,7 +299,7 @@ def live_gates(
     """(N,) per-rollout gates, (N, T) per-token gates (0 off the completion), and the live scores they came from (for
     the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat).
     Rows from n_on on (deploy groups, knob off) get gate 0: their gradient reaches the main only."""
-    m_gate, m_tok, live = torch.zeros(adv.shape[0]), torch.zeros(mask.shape), None
+    m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
         if d.act_layer is not None:  # s_n = <pooled residual of rollout n, v_act>
@@ -443,8 +443,8 @@ def update_diagnostics(
         if live is None
         else label_auroc(
             live,
-            torch.tensor([g.label == "hack" for g in grades]),
-            torch.tensor(is_student) & (adv != 0),
+            torch.tensor([g.label == "hack" for g in grades], device=adv.device),
+            torch.tensor(is_student, device=adv.device) & (adv != 0),
             mask if per_token else None,
         ),
     }
@@ -529,10 +529,12 @@ def train(
     # activation gate index full-length rows, so they keep every row's own prompt copy.
     policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
     ads = adapters(model)
+    dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
     start = prepare_run_dir(out_dir, signature or {})
     state = read_checkpoint(out_dir, start) if start else None
-    d = Direction(p, arm, rb, list(ads), policy_runs and arm.gate == "rollout", f"{arm.name} s{seed}", state)
-    mvh = rb.matched.vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
+    own = policy_runs and arm.gate == "rollout"
+    d = Direction(p, arm, rb, list(ads), own, f"{arm.name} s{seed}", state, dev)
+    mvh = rb.matched.to(dev).vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
     # A resumed run takes the checkpoint's rotations (a refresh may have changed them).
     rot = state["optimizer"]["rotations"] if state is not None else d.rotations(ads)
     opt = RotatedAdam(
@@ -565,6 +567,7 @@ def train(
         n_pool = round(p.pool.mix * G) if (pool is not None and arm.pool and step < p.pool.teacher_off_step) else 0
         with timer("sample"):  # the last n_dep prompts' groups with the knob off (projection.deploy_frac)
             ro, is_student = step_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed * 100003 + step, n_dep)
+        ro = ro.to(dev)
         rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
 
         # ---- reward and advantage (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group divides by the group's
@@ -576,7 +579,7 @@ def train(
             refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
             with timer("grade"):  # what is left of grading once the reference forward is done
                 grades = graded.result()
-        rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng)  # (N,)
+        rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng).to(dev)  # (N,)
         adv = group_advantages(rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
@@ -611,6 +614,7 @@ def train(
 # Keys added after runs had been checkpointed (issues 25, 26), by section. At these values a run is the code before
 # them bit for bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
 SIGNATURE_DEFAULTS = {
+    "model": {"device": "cpu", "dtype": "float32"},
     "grpo": {"lr_schedule": "constant", "warmup_steps": 0, "loss": "dr_grpo", "scale_rewards": "none"},
     "projection": {"deploy_frac": 0.0},
 }

@@ -1,0 +1,221 @@
+"""GPU smoke of the real setting's code path (issue 26): what runs on a CUDA device, how long, and in how much memory.
+
+Two parts, each recorded even when the other fails:
+* `tiny`: the pipeline's own stage commands (dvc.yaml) problems → organism → pool → basis → train (route_per_rollout,
+  2 GRPO steps) → eval_sets → evaluate, on test_pipeline's tiny params with `model.device: cuda`,
+  `model.dtype: bfloat16` (tests/test_device.py's chain and checks), seconds per stage.
+* `shape`: a Qwen3-4B-shaped Qwen3 (the published config: 36 layers, d 2560, 32/8 heads of 128, MLP 9728, vocab
+  151936, tied embeddings) with random bf16 weights, built on the GPU (no hub here), the SVD adapter attached to
+  every projection at rank 64 (timed), then one GRPO step of `train()` per arm on params-qwen3-4b.yaml with the batch
+  shrunk (`--prompts`, `--group`, `--new-tokens`, `--micro-batch`): phase times and peak GPU memory. The tiny
+  tokenizer stands in for Qwen's (random weights sample ids it cannot decode: completions run to the token budget,
+  the worst case for memory). route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on the
+  held-out pairs of the tiny chain's problems, so probes, gates and the knob run at this shape too.
+
+  python benchmarks/gpu_smoke.py --out /tmp/gpu.json                       # on the GPU machine
+  python benchmarks/gpu_smoke.py --out /tmp/cpu.json --device cpu --layers 2  # this script's code path, here
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import typer
+import yaml
+from harness import ROOT
+
+QWEN3_4B = dict(  # Qwen/Qwen3-4B config.json
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)
+
+
+def part_tiny(work: Path, device: str) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tests.test_device import check_chain, tiny_chain
+
+    root = work / "tiny"
+    times = tiny_chain(root, device, "bfloat16")
+    check_chain(root, "bfloat16")
+    return {"stages_s": {k: round(v, 1) for k, v in times.items()}, "root": str(root)}
+
+
+def shape_params(prompts: int, group: int, new_tokens: int, micro: int, device: str):
+    from projected_grpo.config import Params, from_dict, overlay
+
+    d = overlay(
+        yaml.safe_load((ROOT / "params.yaml").read_text()), yaml.safe_load((ROOT / "params-qwen3-4b.yaml").read_text())
+    )
+    shrink = {
+        "substrate": "minileet",  # the tiny chain's problems (the leetcode train split is not offline)
+        "model": {"name": "qwen3-4b-shape", "device": device, "dtype": "bfloat16"},
+        "pool": {"teacher": "organism", "mix": 0.0},
+        "rollout": {"max_new_tokens": new_tokens, "max_prompt_tokens": 1536},
+        "grpo": {"steps": 1, "prompts_per_step": prompts, "group_size": group, "micro_batch": micro, "save_every": 1},
+        "projection": {"recal_every": 1},
+    }
+    return from_dict(Params, overlay(d, shrink))
+
+
+SMALL = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+def shape_model(device: str, layers: int, small: bool = False):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from projected_grpo.policy.tiny import tiny_config, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    t = tiny_config(len(tok))
+    shape = {**QWEN3_4B, "num_hidden_layers": layers, **(SMALL if small else {})}
+    cfg = Qwen3Config(**shape, pad_token_id=t.pad_token_id, eos_token_id=t.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval(), tok
+
+
+def random_basis(model, k: int, out: Path) -> None:
+    """A Haar-random basis (k rows per module) and a random unit ν, saved as the basis stage saves one."""
+    import torch
+
+    from projected_grpo.method.basis import Basis, random_directions
+    from projected_grpo.policy.adapter import adapters
+
+    gen = torch.Generator().manual_seed(0)
+    ads = adapters(model)
+    vh = {n: random_directions(k, a.dim, gen) for n, a in ads.items()}
+    nu = {n: torch.randn(a.dim, generator=gen) for n, a in ads.items()}
+    scale = torch.cat(list(nu.values())).norm()
+    Basis(vh=vh, nu={n: v / scale for n, v in nu.items()}, meta={"method": "random", "smoke": True}).save(out)
+
+
+def part_shape(
+    work: Path, tiny_root: Path, arms: list[str], shape: dict, device: str, layers: int, small: bool
+) -> dict:
+    import torch
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else lambda: None
+
+    from projected_grpo.env.problems import load_problems_parquet
+    from projected_grpo.env.sandbox import Sandbox
+    from projected_grpo.method.arms import get_arm
+    from projected_grpo.method.direction import load_run_basis
+    from projected_grpo.policy.adapter import attach_adapters
+    from projected_grpo.rl.train import train
+
+    p = shape_params(**shape, device=device)
+    out = {"params": shape, "layers": layers, "small": small}
+    t0 = time.perf_counter()
+    model, tok = shape_model(device, layers, small)
+    sync()
+    out["build_s"] = round(time.perf_counter() - t0, 1)
+    out["n_params"] = sum(x.numel() for x in model.parameters())
+    t0 = time.perf_counter()
+    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind)
+    sync()
+    out["svd_attach_s"] = round(time.perf_counter() - t0, 1)
+    out["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
+    problems = tiny_root / "artifacts/problems"
+    records = load_problems_parquet(problems / "train.parquet")
+    basis_dir = work / "shape_basis"
+    random_basis(model, p.basis.k, basis_dir / "basis.safetensors")
+    for name in arms:
+        arm, res = get_arm(name), {}
+        try:
+            rb = load_run_basis(p, arm, basis_dir, ROOT / "data/pairsets", problems)
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            run = work / f"shape_{name}"
+            t0 = time.perf_counter()
+            with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
+                train(
+                    p,
+                    arm,
+                    0,
+                    model,
+                    tok,
+                    records,
+                    sb,
+                    run / "ckpt",
+                    run / "log.tsv",
+                    rb=rb,
+                    timings_path=run / "t.tsv",
+                )
+            sync()
+            res["step_s"] = round(time.perf_counter() - t0, 1)
+            res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+            head, *rows = (run / "t.tsv").read_text().splitlines()
+            res["phases_s"] = dict(zip(head.split("\t"), rows[-1].split("\t")))
+            head, *rows = (run / "log.tsv").read_text().splitlines()
+            res["log"] = dict(zip(head.split("\t"), rows[-1].split("\t")))
+        except Exception:
+            res["error"] = traceback.format_exc()[-3000:]
+            print(res["error"], flush=True)
+        out[name] = res
+        print(name, json.dumps({k: v for k, v in res.items() if k != "log"}), flush=True)
+    return out
+
+
+def main(
+    out: Path = typer.Option(..., help="Results JSON to write."),
+    device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
+    arms: str = typer.Option("vanilla,route_per_rollout", help="Arms of the shape part, comma-separated."),
+    prompts: int = typer.Option(2, help="Shape part: prompts per step."),
+    group: int = typer.Option(4, help="Shape part: completions per prompt."),
+    new_tokens: int = typer.Option(256, help="Shape part: completion budget in tokens."),
+    micro_batch: int = typer.Option(4, help="Shape part: rows per loss micro-batch."),
+    layers: int = typer.Option(36, help="Shape part: decoder layers (Qwen3-4B has 36)."),
+    tiny_root: Path = typer.Option(None, help="Reuse a finished tiny chain (skips the tiny part)."),
+    small: bool = typer.Option(False, help="Shape part at width 256 (vocab still 151936): a quick CPU check."),
+) -> None:
+    import torch
+
+    res: dict = {"machine": platform.node(), "torch": torch.__version__}
+    res["device"] = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu"
+    work = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
+    if tiny_root is None:
+        t0 = time.perf_counter()
+        try:
+            res["tiny"] = part_tiny(work, device)
+        except Exception:
+            res["tiny"] = {"error": traceback.format_exc()[-4000:]}
+        res["tiny"]["wall_s"] = round(time.perf_counter() - t0, 1)
+        print("tiny", json.dumps(res["tiny"])[:3000], flush=True)
+        out.write_text(json.dumps(res, indent=1))
+    root = tiny_root or work / "tiny"
+    if (root / "artifacts/problems/train.parquet").exists():
+        shape = {"prompts": prompts, "group": group, "new_tokens": new_tokens, "micro": micro_batch}
+        try:
+            res["shape"] = part_shape(work, root, arms.split(","), shape, device, layers, small)
+        except Exception:
+            res["shape"] = {"error": traceback.format_exc()[-4000:]}
+            print(res["shape"]["error"], flush=True)
+    out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    typer.run(main)
