@@ -55,18 +55,30 @@ def part_tiny(work: Path, device: str) -> dict:
     return {"stages_s": {k: round(v, 1) for k, v in times.items()}, "root": str(root)}
 
 
-def shape_params(prompts: int, group: int, new_tokens: int, micro: int, device: str):
+def parse_runs(spec: str) -> list[dict]:
+    """'arm:BxGxT:micro[:ckpt],…' -> [{arm, prompts, group, new_tokens, micro, ckpt}]: one GRPO step each."""
+    out = []
+    for item in spec.split(","):
+        arm, bgt, micro, *flags = item.split(":")
+        b, g, t = (int(x) for x in bgt.split("x"))
+        out.append(dict(arm=arm, prompts=b, group=g, new_tokens=t, micro=int(micro), ckpt="ckpt" in flags))
+    return out
+
+
+def shape_params(run: dict, device: str):
     from projected_grpo.config import Params, from_dict, overlay
 
-    d = overlay(
-        yaml.safe_load((ROOT / "params.yaml").read_text()), yaml.safe_load((ROOT / "params-qwen3-4b.yaml").read_text())
-    )
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    d = overlay(base, yaml.safe_load((ROOT / "params-qwen3-4b.yaml").read_text()))
+    grpo = {"steps": 1, "prompts_per_step": run["prompts"], "group_size": run["group"], "micro_batch": run["micro"]}
+    if run["ckpt"]:
+        grpo["grad_checkpointing"] = True
     shrink = {
         "substrate": "minileet",  # the tiny chain's problems (the leetcode train split is not offline)
         "model": {"name": "qwen3-4b-shape", "device": device, "dtype": "bfloat16"},
         "pool": {"teacher": "organism", "mix": 0.0},
-        "rollout": {"max_new_tokens": new_tokens, "max_prompt_tokens": 1536},
-        "grpo": {"steps": 1, "prompts_per_step": prompts, "group_size": group, "micro_batch": micro, "save_every": 1},
+        "rollout": {"max_new_tokens": run["new_tokens"], "max_prompt_tokens": 1536},
+        "grpo": {**grpo, "save_every": 1},
         "projection": {"recal_every": 1},
     }
     return from_dict(Params, overlay(d, shrink))
@@ -111,9 +123,7 @@ def random_basis(model, k: int, out: Path) -> None:
     Basis(vh=vh, nu={n: v / scale for n, v in nu.items()}, meta={"method": "random", "smoke": True}).save(out)
 
 
-def part_shape(
-    work: Path, tiny_root: Path, arms: list[str], shape: dict, device: str, layers: int, small: bool
-) -> dict:
+def part_shape(work: Path, tiny_root: Path, runs: list[dict], device: str, layers: int, small: bool) -> dict:
     import torch
 
     cuda = device.startswith("cuda")
@@ -126,72 +136,125 @@ def part_shape(
     from projected_grpo.policy.adapter import attach_adapters
     from projected_grpo.rl.train import train
 
-    p = shape_params(**shape, device=device)
-    out = {"params": shape, "layers": layers, "small": small}
+    p0 = shape_params(runs[0], device)
+    out = {"layers": layers, "small": small, "runs": {}}
     t0 = time.perf_counter()
     model, tok = shape_model(device, layers, small)
     sync()
     out["build_s"] = round(time.perf_counter() - t0, 1)
     out["n_params"] = sum(x.numel() for x in model.parameters())
     t0 = time.perf_counter()
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind)
+    attach_adapters(model, p0.adapter.targets, p0.adapter.rank, p0.adapter.kind)
     sync()
     out["svd_attach_s"] = round(time.perf_counter() - t0, 1)
     out["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
     problems = tiny_root / "artifacts/problems"
     records = load_problems_parquet(problems / "train.parquet")
     basis_dir = work / "shape_basis"
-    random_basis(model, p.basis.k, basis_dir / "basis.safetensors")
-    for name in arms:
-        arm, res = get_arm(name), {}
+    random_basis(model, p0.basis.k, basis_dir / "basis.safetensors")
+    for i, r in enumerate(runs):
+        label = f"{r['arm']} {r['prompts']}x{r['group']}x{r['new_tokens']} mb{r['micro']}" + (
+            " ckpt" if r["ckpt"] else ""
+        )
+        p, arm, res = shape_params(r, device), get_arm(r["arm"]), {"run": r}
         try:
             rb = load_run_basis(p, arm, basis_dir, ROOT / "data/pairsets", problems)
             if cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            run = work / f"shape_{name}"
+            d = work / f"shape_{i}"
             t0 = time.perf_counter()
             with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-                train(
-                    p,
-                    arm,
-                    0,
-                    model,
-                    tok,
-                    records,
-                    sb,
-                    run / "ckpt",
-                    run / "log.tsv",
-                    rb=rb,
-                    timings_path=run / "t.tsv",
-                )
+                train(p, arm, 0, model, tok, records, sb, d / "ckpt", d / "log.tsv", rb=rb, timings_path=d / "t.tsv")
             sync()
             res["step_s"] = round(time.perf_counter() - t0, 1)
             res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
-            head, *rows = (run / "t.tsv").read_text().splitlines()
+            head, *rows = (d / "t.tsv").read_text().splitlines()
             res["phases_s"] = dict(zip(head.split("\t"), rows[-1].split("\t")))
-            head, *rows = (run / "log.tsv").read_text().splitlines()
+            head, *rows = (d / "log.tsv").read_text().splitlines()
             res["log"] = dict(zip(head.split("\t"), rows[-1].split("\t")))
         except Exception:
             res["error"] = traceback.format_exc()[-3000:]
             print(res["error"], flush=True)
-        out[name] = res
-        print(name, json.dumps({k: v for k, v in res.items() if k != "log"}), flush=True)
+        out["runs"][label] = res
+        print(label, json.dumps({k: v for k, v in res.items() if k != "log"}), flush=True)
     return out
+
+
+def render(res: dict, source: str) -> str:
+    """reports/bench/gpu.md from a results JSON."""
+    lines = [
+        "# The real setting's code path on a GPU (issue 26)",
+        "",
+        f"Re-run (on a CUDA machine): `python benchmarks/gpu_smoke.py --out {source}`, then here "
+        f"`python benchmarks/gpu_smoke.py --render {source}`. Source: `{source}`.",
+        "",
+        f"Ran on {res['device']} (torch {res['torch']}); one run of each part, no repeats (n = 1 per row: the lent "
+        "machine's time is scarce), so a time is one measurement, not a distribution.",
+        "",
+    ]
+    tiny = res.get("tiny", {})
+    lines += ["## Tiny chain: the pipeline's stages on CUDA in bfloat16", ""]
+    if "error" in tiny:
+        lines += ["Failed:", "", "```", tiny["error"][-1500:], "```", ""]
+    else:
+        lines += [
+            "test_pipeline's tiny params, `model.device: cuda`, `model.dtype: bfloat16`, arm route_per_rollout, "
+            "seed 41, 2 GRPO steps; the checks of tests/test_device.py held (finite log, fp32 adapter, rates in "
+            "[0, 1]).",
+            "",
+            "| stage | seconds |",
+            "|---|---|",
+        ]
+        lines += [f"| {k} | {v} |" for k, v in tiny["stages_s"].items()] + [""]
+    sh = res.get("shape", {})
+    lines += ["## Qwen3-4B shape: one GRPO step", ""]
+    if "error" in sh:
+        lines += ["Failed:", "", "```", sh["error"][-1500:], "```"]
+        return "\n".join(lines) + "\n"
+    lines += [
+        f"Random bf16 weights in the Qwen3-4B config ({sh['n_params'] / 1e9:.2f} B parameters, {sh['layers']} layers; "
+        f"built on the GPU in {sh['build_s']} s), SVD adapter r 64 on all 252 projections (attached in "
+        f"{sh['svd_attach_s']} s: a Gram eigh per projection), weights {sh['weights_gib']} GiB. Each row is one GRPO "
+        "step of `train()` on params-qwen3-4b.yaml with the row's B prompts × G completions, T new tokens (random "
+        "weights never emit EOS: every completion is T tokens, the worst case) and loss micro-batch; `ckpt`: "
+        "grpo.grad_checkpointing. route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on "
+        "the tiny chain's held-out pairs (batches of the micro-batch) before its step. Times in seconds.",
+        "",
+        "| run | step | sample | ref forward | forward | backward | gate calibration | peak GPU memory (GiB) "
+        "| estimate (GiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    runs = sh.get("runs") or {k: v for k, v in sh.items() if isinstance(v, dict) and k != "params"}
+    for label, r in runs.items():
+        if "step_s" not in r:
+            lines.append(f"| {label} | failed: {r.get('error', '?').strip().splitlines()[-1][:200]} |")
+            continue
+        ph = {k: float(v) for k, v in r["phases_s"].items()}
+        lines.append(
+            f"| {label} | {r['step_s']} | {ph['t_sample']:.1f} | {ph['t_ref_forward']:.2f} | {ph['t_forward']:.2f} "
+            f"| {ph['t_backward']:.2f} | {ph['t_gate_calibration']:.2f} | {r['peak_gib']} "
+            f"| {r.get('estimate_gib', 'n/a')} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(
     out: Path = typer.Option(..., help="Results JSON to write."),
     device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
-    arms: str = typer.Option("vanilla,route_per_rollout", help="Arms of the shape part, comma-separated."),
-    prompts: int = typer.Option(2, help="Shape part: prompts per step."),
-    group: int = typer.Option(4, help="Shape part: completions per prompt."),
-    new_tokens: int = typer.Option(256, help="Shape part: completion budget in tokens."),
-    micro_batch: int = typer.Option(4, help="Shape part: rows per loss micro-batch."),
+    runs: str = typer.Option(
+        "vanilla:2x4x256:4,route_per_rollout:2x4x256:4",
+        help="Shape part, one GRPO step each: arm:BxGxT:micro_batch[:ckpt] (ckpt: grpo.grad_checkpointing), commas.",
+    ),
     layers: int = typer.Option(36, help="Shape part: decoder layers (Qwen3-4B has 36)."),
     tiny_root: Path = typer.Option(None, help="Reuse a finished tiny chain (skips the tiny part)."),
     small: bool = typer.Option(False, help="Shape part at width 256 (vocab still 151936): a quick CPU check."),
+    render_from: Path = typer.Option(None, "--render", help="Write --report from this results JSON, run nothing."),
+    report: Path = typer.Option(ROOT / "reports/bench/gpu.md", help="Markdown report of --render."),
 ) -> None:
+    if render_from is not None:
+        report.write_text(render(json.loads(render_from.read_text()), str(render_from)))
+        return
     import torch
 
     res: dict = {"machine": platform.node(), "torch": torch.__version__}
@@ -208,9 +271,8 @@ def main(
         out.write_text(json.dumps(res, indent=1))
     root = tiny_root or work / "tiny"
     if (root / "artifacts/problems/train.parquet").exists():
-        shape = {"prompts": prompts, "group": group, "new_tokens": new_tokens, "micro": micro_batch}
         try:
-            res["shape"] = part_shape(work, root, arms.split(","), shape, device, layers, small)
+            res["shape"] = part_shape(work, root, parse_runs(runs), device, layers, small)
         except Exception:
             res["shape"] = {"error": traceback.format_exc()[-4000:]}
             print(res["shape"]["error"], flush=True)

@@ -121,15 +121,24 @@ def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
 
 
 def refresh_basis(
-    model, tok, ex: HeldOutPairs, bp, random_dir: bool, step: int, temperature: float, act_layer: int | None
+    model,
+    tok,
+    ex: HeldOutPairs,
+    bp,
+    random_dir: bool,
+    step: int,
+    temperature: float,
+    act_layer: int | None,
+    batch_size: int = 16,
 ) -> Basis:
     """v_hack re-extracted at the current parameters (knob on, as the policy samples) from the held-out extraction
     pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
 
     A `*_random` arm (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
-    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too."""
-    gh = completion_grads(model, tok, ex.records, ex.hack, temperature)  # {m: (P, D_m)}
-    gc = completion_grads(model, tok, ex.records, ex.clean, temperature)
+    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too.
+    batch_size: completions per forward/backward."""
+    gh = completion_grads(model, tok, ex.records, ex.hack, temperature, batch_size)  # {m: (P, D_m)}
+    gc = completion_grads(model, tok, ex.records, ex.clean, temperature, batch_size)
     model.zero_grad(set_to_none=True)
 
     def build(method: str, seed: int, like: Basis | None = None) -> Basis:
@@ -140,8 +149,9 @@ def refresh_basis(
         digest = hashlib.sha256(f"{bp.seed}:refresh:{step}".encode()).digest()
         b = build("random", int.from_bytes(digest[:7], "big"), like=b)
     if act_layer is not None:
-        ah = pooled_activations(model, tok, ex.records, ex.hack, act_layer)  # (P, d)
-        b.v_act = act_basis(ah, pooled_activations(model, tok, ex.records, ex.clean, act_layer), act_layer).v_act
+        ah = pooled_activations(model, tok, ex.records, ex.hack, act_layer, batch_size)  # (P, d)
+        ac = pooled_activations(model, tok, ex.records, ex.clean, act_layer, batch_size)
+        b.v_act = act_basis(ah, ac, act_layer).v_act
     b.meta.update(refreshed_at=step)
     return b
 
@@ -223,13 +233,14 @@ class Direction:
         """Before step `step`: refresh v_hack when due (the optimizer is rebased onto the new rotations), then
         recalibrate the gate when due. Returns whether the basis was refreshed. Consumes no RNG of the step."""
         p, arm, pj, temperature = self.p, self.arm, self.p.projection, self.p.rollout.temperature
+        mb = p.grpo.micro_batch  # held-out completions per forward/backward, as the loss's micro-batches (memory)
         # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
         # re-rotated modules is rotated or reset. Modules that leave the kept set get R = I (no edit from now on);
         # modules that join get their R.
         refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
         if refreshed:
             self.state.basis = refresh_basis(
-                model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer
+                model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer, mb
             ).to(self.device)
             self._derive()
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
@@ -248,6 +259,7 @@ class Direction:
                     temperature,
                     self.act_layer,
                     self.own_tokens,
+                    mb,
                 )
         return refreshed
 

@@ -132,12 +132,13 @@ def calibrate_gate(
     temperature: float,
     act_layer: int | None,
     own_tokens: bool = False,
+    batch_size: int = 16,
 ) -> tuple[tuple[float, float], float, tuple[float, float], dict[str, float]]:
     """((τ_lo, τ_hi), AUROC, its 95% interval, quality) from the held-out calibration pairs at the current parameters,
     with the gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or
     per-completion cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The
     interval is a percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed
-    GATE_CI_SEED.
+    GATE_CI_SEED. `batch_size`: completions per forward/backward (the loop passes grpo.micro_batch: memory).
 
     projection.band "tail": τ_lo = τ_hi = the conservative Quantile_{1−f}(clean scores) (no band), and `quality` holds
     the gate's precision, recall and F0.5 on the same pairs (`proj.gate_quality`). It is {} for the band gates, so
@@ -148,20 +149,22 @@ def calibrate_gate(
     if gate == "token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
         (sh, uh), (sc, uc) = (
-            calibration_token_scores(model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq)
+            calibration_token_scores(
+                model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq, batch_size
+            )
             for side in (cal.hack, cal.clean)
         )
         sh, sc, units = sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
         auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
     elif act_layer is not None:
         sh, sc = (
-            pooled_activations(model, tok, cal.records, side, act_layer).float() @ cur.v_act.float().cpu()
+            pooled_activations(model, tok, cal.records, side, act_layer, batch_size).float() @ cur.v_act.float().cpu()
             for side in (cal.hack, cal.clean)
         )
         auc = auroc(sh, sc)
     else:
-        gh = completion_grads(model, tok, cal.records, cal.hack, temperature, own_tokens=own_tokens)
-        gc = completion_grads(model, tok, cal.records, cal.clean, temperature, own_tokens=own_tokens)
+        gh = completion_grads(model, tok, cal.records, cal.hack, temperature, batch_size, own_tokens)
+        gc = completion_grads(model, tok, cal.records, cal.clean, temperature, batch_size, own_tokens)
         nu = {n: v.cpu() for n, v in cur.nu.items()}  # the run's basis sits on its δS device; grads on the CPU
         sh, sc = cosine_scores(gh, nu), cosine_scores(gc, nu)
         auc = auroc(sh, sc)
