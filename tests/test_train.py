@@ -1156,14 +1156,17 @@ def test_rollout_batch_size_reaches_the_sampler(world):
 
 
 @pytest.mark.parametrize("arm", ["vanilla", "route_per_rollout", "route_per_token"])
-def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm):
+def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, capsys):
     """A run with grpo.grad_checkpointing and one-row token cuts (grpo.micro_batch_tokens=1) reaches the adapters of
-    the plain run up to float rounding (per-rollout probes and per-token capture included) and logs the same rewards.
-    """
+    the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,
+    and prints the memory pre-flight once, one paragraph on stderr."""
     plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
+    capsys.readouterr()
     ck = run(
         world, arm, tmp_path / "ck", p=tiny_params(share_prompt=True, grad_checkpointing=True, micro_batch_tokens=1)
     )
+    err = capsys.readouterr().err
+    assert err.count("Device memory for one GRPO step") == 1 and "checkpointing on" in err
     assert log_column(tmp_path / "plain", "reward") == log_column(tmp_path / "ck", "reward")
     for n in plain:
         for x, y in zip(plain[n], ck[n]):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -57,6 +58,7 @@ from projected_grpo.rl.checkpoint import (
     save_checkpoint,
 )
 from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.memory import preflight
 from projected_grpo.rl.pool import PoolRow, draw
 from projected_grpo.rl.schedule import lr_at
 
@@ -543,6 +545,12 @@ def train(
     # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
     # activation gate index full-length rows, so they keep every row's own prompt copy.
     policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
+    # pre-flight (rl/memory.py): one step's peak device memory, printed once; on CUDA a step that will not fit stops
+    # here, naming what to lower. Probes keep per-row gradients unless the policy forward shares prompts (then only
+    # per-rollout routing reads them, own-token); per-token routing keeps per-token coefficients.
+    probe_rows = not policy_runs or arm.gate == "rollout"
+    token_k = p.basis.k if arm.gate == "token" else 0
+    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, echo=lambda s: print(s, file=sys.stderr))
     ads = adapters(model)
     start = prepare_run_dir(out_dir, signature or {})
     state = read_checkpoint(out_dir, start) if start else None
