@@ -56,7 +56,8 @@ def part_tiny(work: Path, device: str) -> dict:
 
 
 def parse_runs(spec: str) -> list[dict]:
-    """'arm:BxGxT:micro[:ckpt],…' -> [{arm, prompts, group, new_tokens, micro, ckpt}]: one GRPO step each."""
+    """'arm:BxGxT:micro[:ckpt],…' -> [{arm, prompts, group, new_tokens, micro, ckpt}]: one GRPO step each (ckpt
+    forces grpo.grad_checkpointing on; without it the override set's value holds)."""
     out = []
     for item in spec.split(","):
         arm, bgt, micro, *flags = item.split(":")
@@ -123,7 +124,10 @@ def random_basis(model, k: int, out: Path) -> None:
     Basis(vh=vh, nu={n: v / scale for n, v in nu.items()}, meta={"method": "random", "smoke": True}).save(out)
 
 
-def part_shape(work: Path, tiny_root: Path, runs: list[dict], device: str, layers: int, small: bool) -> dict:
+def part_shape(
+    work: Path, tiny_root: Path, runs: list[dict], device: str, layers: int, small: bool, save=lambda out: None
+) -> dict:
+    """The shape part; `save(partial results)` after each run, so a run cut off by a time limit keeps the others."""
     import torch
 
     cuda = device.startswith("cuda")
@@ -152,11 +156,23 @@ def part_shape(work: Path, tiny_root: Path, runs: list[dict], device: str, layer
     records = load_problems_parquet(problems / "train.parquet")
     basis_dir = work / "shape_basis"
     random_basis(model, p0.basis.k, basis_dir / "basis.safetensors")
+    import projected_grpo.rl.train as loop
+
+    seen = {}
+    preflight = loop.preflight
+
+    def spy(*args, **kwargs):  # keep train()'s own pre-flight estimate of the step
+        seen["est"] = preflight(*args, **kwargs)
+        return seen["est"]
+
+    loop.preflight = spy
     for i, r in enumerate(runs):
-        label = f"{r['arm']} {r['prompts']}x{r['group']}x{r['new_tokens']} mb{r['micro']}" + (
-            " ckpt" if r["ckpt"] else ""
-        )
         p, arm, res = shape_params(r, device), get_arm(r["arm"]), {"run": r}
+        g = p.grpo
+        label = (
+            f"{r['arm']} {r['prompts']}x{r['group']}x{r['new_tokens']}, micro-batch {g.micro_batch} rows / "
+            f"{g.micro_batch_tokens} tokens, sampling {p.rollout.batch_size} rows, ckpt {int(g.grad_checkpointing)}"
+        )
         try:
             rb = load_run_basis(p, arm, basis_dir, ROOT / "data/pairsets", problems)
             if cuda:
@@ -169,6 +185,10 @@ def part_shape(work: Path, tiny_root: Path, runs: list[dict], device: str, layer
             sync()
             res["step_s"] = round(time.perf_counter() - t0, 1)
             res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+            est = seen.pop("est")
+            res["estimate_gib"] = round(est.total / 2**30, 1)
+            res["estimate"] = {k: round(getattr(est, k) / 2**30, 2) for k in ("sampling", "loss")}
+            res["estimate_text"] = est.describe()
             head, *rows = (d / "t.tsv").read_text().splitlines()
             res["phases_s"] = dict(zip(head.split("\t"), rows[-1].split("\t")))
             head, *rows = (d / "log.tsv").read_text().splitlines()
@@ -177,6 +197,7 @@ def part_shape(work: Path, tiny_root: Path, runs: list[dict], device: str, layer
             res["error"] = traceback.format_exc()[-3000:]
             print(res["error"], flush=True)
         out["runs"][label] = res
+        save(out)
         print(label, json.dumps({k: v for k, v in res.items() if k != "log"}), flush=True)
     return out
 
@@ -195,7 +216,9 @@ def render(res: dict, source: str) -> str:
     ]
     tiny = res.get("tiny", {})
     lines += ["## Tiny chain: the pipeline's stages on CUDA in bfloat16", ""]
-    if "error" in tiny:
+    if not tiny:
+        lines += ["Not run.", ""]
+    elif "error" in tiny:
         lines += ["Failed:", "", "```", tiny["error"][-1500:], "```", ""]
     else:
         lines += [
@@ -217,8 +240,9 @@ def render(res: dict, source: str) -> str:
         f"built on the GPU in {sh['build_s']} s), SVD adapter r 64 on all 252 projections (attached in "
         f"{sh['svd_attach_s']} s: a Gram eigh per projection), weights {sh['weights_gib']} GiB. Each row is one GRPO "
         "step of `train()` on params-qwen3-4b.yaml with the row's B prompts × G completions, T new tokens (random "
-        "weights never emit EOS: every completion is T tokens, the worst case) and loss micro-batch; `ckpt`: "
-        "grpo.grad_checkpointing. route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on "
+        "weights never emit EOS: every completion is T tokens, the worst case), loss micro-batch (rows / tokens), "
+        "rows per sampling call and grpo.grad_checkpointing; the estimate is train()'s own pre-flight "
+        "(rl/memory.py). route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on "
         "the tiny chain's held-out pairs (batches of the micro-batch) before its step. Times in seconds.",
         "",
         "| run | step | sample | ref forward | forward | backward | gate calibration | peak GPU memory (GiB) "
@@ -244,7 +268,7 @@ def main(
     device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
     runs: str = typer.Option(
         "vanilla:2x4x256:4,route_per_rollout:2x4x256:4",
-        help="Shape part, one GRPO step each: arm:BxGxT:micro_batch[:ckpt] (ckpt: grpo.grad_checkpointing), commas.",
+        help="Shape part, one GRPO step each: arm:BxGxT:micro_batch[:ckpt], comma-separated (parse_runs).",
     ),
     layers: int = typer.Option(36, help="Shape part: decoder layers (Qwen3-4B has 36)."),
     tiny_root: Path = typer.Option(None, help="Reuse a finished tiny chain (skips the tiny part)."),
@@ -272,7 +296,8 @@ def main(
     root = tiny_root or work / "tiny"
     if (root / "artifacts/problems/train.parquet").exists():
         try:
-            res["shape"] = part_shape(work, root, parse_runs(runs), device, layers, small)
+            save = lambda sh: out.write_text(json.dumps({**res, "shape": sh}, indent=1))  # noqa: E731
+            res["shape"] = part_shape(work, root, parse_runs(runs), device, layers, small, save)
         except Exception:
             res["shape"] = {"error": traceback.format_exc()[-4000:]}
             print(res["shape"]["error"], flush=True)

@@ -78,6 +78,8 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("grpo", "scale_rewards", "batch", "grpo.scale_rewards must be one of none, group"),
         ("grpo", "lr_schedule", "linear", "grpo.lr_schedule must be one of constant, cosine"),
         ("grpo", "warmup_steps", -1, "grpo.warmup_steps"),
+        ("grpo", "micro_batch_tokens", -1, "grpo.micro_batch_tokens"),
+        ("rollout", "batch_size", 0, "rollout.batch_size"),
     ],
 )
 def test_invalid_value_raises_valueerror(raw, section, key, value, msg):

@@ -320,8 +320,9 @@ def test_loss_params_reach_the_loop_and_micro_batches_add_up(world, tmp_path, lo
 
 
 def test_run_signature_keeps_old_checkpoints_resumable():
-    """The keys added by issues 25 and 26 stay out of a run's signature at their defaults (a run checkpointed before
-    them resumes), and are in it otherwise (a changed loss never resumes another loss's checkpoints)."""
+    """The keys added by issues 25 and 26 (the memory params too) stay out of a run's signature at their defaults (a
+    run checkpointed before them resumes), and are in it otherwise (a changed loss never resumes another loss's
+    checkpoints)."""
     from projected_grpo.rl.train import SIGNATURE_DEFAULTS, run_signature
 
     p = tiny_params()
@@ -330,9 +331,20 @@ def test_run_signature_keeps_old_checkpoints_resumable():
     sig = run_signature(p, get_arm("vanilla"), 41, None)
     assert not set(SIGNATURE_DEFAULTS["grpo"]) & set(sig["grpo"]) and "lr" in sig["grpo"]
     assert "deploy_frac" not in sig["projection"] and "band" in sig["projection"]
-    for key, value in (("loss", "dapo"), ("lr_schedule", "cosine"), ("warmup_steps", 3), ("scale_rewards", "group")):
+    assert "batch_size" not in sig["rollout"] and "max_new_tokens" in sig["rollout"]
+    for key, value in (
+        ("loss", "dapo"),
+        ("lr_schedule", "cosine"),
+        ("warmup_steps", 3),
+        ("scale_rewards", "group"),
+        ("micro_batch_tokens", 4096),
+        ("grad_checkpointing", True),
+    ):
         other = run_signature(tiny_params(**{key: value}), get_arm("vanilla"), 41, None)
         assert other["grpo"][key] == value and other != sig
+    q = dataclasses.replace(p, rollout=dataclasses.replace(p.rollout, batch_size=64))
+    other = run_signature(q, get_arm("vanilla"), 41, None)
+    assert other["rollout"]["batch_size"] == 64 and other != sig
     q = dataclasses.replace(p, projection=dataclasses.replace(p.projection, deploy_frac=0.5))
     other = run_signature(q, get_arm("vanilla"), 41, None)
     assert other["projection"]["deploy_frac"] == 0.5 and other != sig
@@ -1071,3 +1083,92 @@ def test_resume_after_kill_is_bitwise_identical(tmp_path):
         killed / "log.tsv"
     ).read_text().splitlines()[-1].split("\t")[:5]
     assert len((killed / "log.tsv").read_text().splitlines()) == 7  # header + 6 steps, no duplicate rows
+
+
+# --- memory params (issue 26): rollout.batch_size, grpo.micro_batch_tokens, grpo.grad_checkpointing ----------------
+
+
+def test_micro_batches_token_cap():
+    """grpo.micro_batch_tokens: rows × the widest row's width stays within the cap (at least one row), the row cap
+    still applies, nothing straddles the knob boundary, and a cap of 0 is the rows-only cut."""
+    w = [10, 10, 30, 10, 10, 50, 10, 10]
+    assert micro_batches(8, 8, 8, w, 40) == [slice(0, 2), slice(2, 3), slice(3, 5), slice(5, 6), slice(6, 8)]
+    assert micro_batches(8, 8, 1, w, 1000) == [slice(i, i + 1) for i in range(8)]  # micro_batch caps rows
+    assert micro_batches(8, 8, 8, w, 1) == [slice(i, i + 1) for i in range(8)]  # one row even when over the cap
+    assert micro_batches(4, 8, 8, [10] * 8, 60) == [slice(0, 4), slice(4, 8)]  # never across n_on
+    assert micro_batches(8, 12, 5, [10] * 12, 0) == micro_batches(8, 12, 5) == [slice(0, 5), slice(5, 8), slice(8, 12)]
+    for mbs in (micro_batches(8, 8, 8, w, 40), micro_batches(6, 8, 3, w, 45)):
+        assert [i for sl in mbs for i in range(sl.start, sl.stop)] == list(range(8))
+        assert all(sl.stop - sl.start == 1 or (sl.stop - sl.start) * max(w[sl]) <= 45 for sl in mbs)
+
+
+@pytest.mark.parametrize("loss", ["dr_grpo", "dapo", "grpo"])
+@pytest.mark.parametrize("share", [False, True])
+def test_token_cut_micro_batches_give_the_full_batch_gradient(world, loss, share):
+    """Two token cuts (one row per micro-batch; three rows) and the rows-only cut (the whole batch) accumulate the same
+    δS.grad, loss statistics and per-row probe gradients up to float rounding: the loss is normalised by the whole
+    step's rows and tokens, not the micro-batch's. β > 0, so the reference forward (same cut) weighs in."""
+    tok = world["tok"]
+    p = tiny_params(loss=loss, beta=0.5, share_prompt=share)
+    arm, G = get_arm("route_per_rollout"), p.grpo.group_size
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(20 + i)))
+    ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 5, 0)
+    N = ro.completion_ids.shape[0]
+    d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), share, "t")
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
+    widths = (ro.prompt_ids.shape[1] + ro.mask.sum(1).clamp(min=1)).tolist()
+    out = []
+    for cap in (0, 1, 3 * max(widths)):
+        mbs, timer = micro_batches(N, N, 8, widths, cap), PhaseTimer(STEP_PHASES)
+        refs = reference_logprobs(m, ro, mbs, p, timer)
+        out.append((len(mbs), loss_backward(m, ro, refs, adv, mbs, p, arm, d, share, timer, N)))
+    assert [n for n, _ in out] == [1, 8, 3]
+    (_, full), *cuts = out
+    for _, gr in cuts:
+        for n in full.raw:
+            torch.testing.assert_close(gr.raw[n], full.raw[n], rtol=1e-5, atol=1e-7 * float(full.raw[n].abs().max()))
+            torch.testing.assert_close(
+                gr.rows[n], full.rows[n], rtol=1e-5, atol=1e-7 * float(full.rows[n].abs().max())
+            )
+        assert gr.stats == pytest.approx(full.stats, rel=1e-5, abs=1e-9)
+    assert sum(float(g.norm()) for g in full.raw.values()) > 0
+
+
+def test_rollout_batch_size_reaches_the_sampler(world):
+    """rollout.batch_size is the rows per sampling call: at B·G it is the one-call rollout bit for bit; smaller, the
+    seeded stream runs through the calls in turn, so the samples differ (and repeat for the same seed)."""
+    tok, recs, G = world["tok"], world["records"][:2], 4
+    m = tiny_model(len(tok))
+
+    def sample(bs):
+        p = tiny_params()
+        p = dataclasses.replace(p, rollout=dataclasses.replace(p.rollout, batch_size=bs))
+        return mixed_rollout(m, tok, recs, G, 0, None, random.Random(0), p, 11)[0].completion_ids
+
+    one = sample(None)
+    assert torch.equal(sample(2 * G), one) and torch.equal(sample(32), one)
+    two = sample(2)
+    assert torch.equal(sample(2), two) and not torch.equal(two, one)
+
+
+@pytest.mark.parametrize("arm", ["vanilla", "route_per_rollout", "route_per_token"])
+def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, capsys):
+    """A run with grpo.grad_checkpointing and one-row token cuts (grpo.micro_batch_tokens=1) reaches the adapters of
+    the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,
+    and prints the memory pre-flight once, one paragraph on stderr."""
+    plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
+    capsys.readouterr()
+    ck = run(
+        world, arm, tmp_path / "ck", p=tiny_params(share_prompt=True, grad_checkpointing=True, micro_batch_tokens=1)
+    )
+    err = capsys.readouterr().err
+    assert err.count("Device memory for one GRPO step") == 1 and "checkpointing on" in err
+    assert log_column(tmp_path / "plain", "reward") == log_column(tmp_path / "ck", "reward")
+    for n in plain:
+        for x, y in zip(plain[n], ck[n]):
+            torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-7)
+    assert any(float(x.abs().max()) > 0 for x, _ in plain.values())

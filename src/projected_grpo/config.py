@@ -255,12 +255,17 @@ class RolloutParams:
     max_new_tokens: int = 160
     # Longest prompt in tokens; a longer one stops the run naming the prompt (never truncated or filtered).
     max_prompt_tokens: int = 384
+    # Rows per sampling call of a training rollout (the sampler's KV cache grows with it); null = all B·G rows at once.
+    # Another value samples other completions (one seeded stream runs through the calls in turn).
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1 or self.max_new_tokens < 1 or self.max_prompt_tokens < 1:
             raise ValueError("rollout.top_p must be in (0, 1], max_new_tokens and max_prompt_tokens >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"rollout.batch_size must be null (all rows at once) or >= 1, got {self.batch_size}")
 
 
 LOSSES = ("dr_grpo", "grpo", "dapo")  # grpo_loss.aggregate: TRL's loss_type of the same name
@@ -302,6 +307,12 @@ class GRPOParams:
     max_norm_knob: float = 1.0
     # Rows per forward/backward (micro-batch); gradients accumulate to the full-batch gradient exactly.
     micro_batch: int = 16
+    # Also cap each micro-batch at this many tokens, rows × (padded prompt + completion), at least one row; 0 = rows
+    # only. Gradients still accumulate to the full-batch gradient exactly.
+    micro_batch_tokens: int = 0
+    # Recompute each decoder layer's activations in the backward instead of keeping them (activation checkpointing):
+    # less memory for about one more forward; the same gradients.
+    grad_checkpointing: bool = False
     # Checkpoint every this many updates (and at update 0 and at the end).
     save_every: int = 10
     # CPU threads for training (results are deterministic for a fixed thread count).
@@ -324,6 +335,8 @@ class GRPOParams:
                 raise ValueError(f"grpo.{key} must be one of {', '.join(known)}, got {getattr(self, key)!r}")
         if self.warmup_steps < 0:
             raise ValueError(f"grpo.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.micro_batch_tokens < 0:
+            raise ValueError(f"grpo.micro_batch_tokens must be >= 0 (0 = no token cap), got {self.micro_batch_tokens}")
         if len(self.betas) != 2 or self.max_norm <= 0 or self.max_norm_knob <= 0:
             raise ValueError("grpo.betas must be two numbers; grpo.max_norm and max_norm_knob must be > 0")
 

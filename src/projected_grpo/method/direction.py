@@ -28,6 +28,7 @@ from projected_grpo.method.arms import Arm
 from projected_grpo.method.basis import Basis, act_basis, basis_with, completion_grads, pooled_activations
 from projected_grpo.method.gate import GateState, HeldOutPairs
 from projected_grpo.method.pairs import Pair, load_pairset, pair_records, pairset_path, select_pairs
+from projected_grpo.policy.checkpointing import activation_checkpointing
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class RunBasis:
     matched: Basis | None = None
     cal: HeldOutPairs | None = None
     extraction: HeldOutPairs | None = None
+
+
+def held_out_batch(p) -> int:
+    """Held-out completions per forward/backward of the gate calibration and the basis refresh: the loss's
+    micro-batch (grpo.micro_batch), and with grpo.micro_batch_tokens the rows a longest sequence (max_prompt_tokens +
+    max_new_tokens) fits in it, at least one: the same memory bound as the loss step (rl/memory.py)."""
+    g, r = p.grpo, p.rollout
+    if g.micro_batch_tokens <= 0:
+        return g.micro_batch
+    return max(1, min(g.micro_batch, g.micro_batch_tokens // (r.max_prompt_tokens + r.max_new_tokens)))
 
 
 def refreshes(p, arm: Arm) -> bool:
@@ -232,8 +243,11 @@ class Direction:
     def update(self, model, tok, step: int, opt, ads: dict, timer) -> bool:
         """Before step `step`: refresh v_hack when due (the optimizer is rebased onto the new rotations), then
         recalibrate the gate when due. Returns whether the basis was refreshed. Consumes no RNG of the step."""
+        with activation_checkpointing(model, self.p.grpo.grad_checkpointing):  # as the loss's (memory)
+            return self._update(model, tok, step, opt, ads, timer, held_out_batch(self.p))
+
+    def _update(self, model, tok, step: int, opt, ads: dict, timer, mb: int) -> bool:
         p, arm, pj, temperature = self.p, self.arm, self.p.projection, self.p.rollout.temperature
-        mb = p.grpo.micro_batch  # held-out completions per forward/backward, as the loss's micro-batches (memory)
         # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
         # re-rotated modules is rotated or reset. Modules that leave the kept set get R = I (no edit from now on);
         # modules that join get their R.

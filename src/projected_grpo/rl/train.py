@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -45,6 +46,7 @@ from projected_grpo.method.direction import Direction, RunBasis, act_gated, chec
 from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
 from projected_grpo.method.optim import RotatedAdam
 from projected_grpo.policy.adapter import adapters, adapters_disabled, knob_disabled, probes, token_capture
+from projected_grpo.policy.checkpointing import activation_checkpointing
 from projected_grpo.policy.logprobs import padded, rollout_logprobs, shared_prompt_logprobs
 from projected_grpo.policy.model import render_prompt
 from projected_grpo.policy.rollout import Rollout, check_records_fit, concat_rollouts, generate, group_runs
@@ -56,6 +58,7 @@ from projected_grpo.rl.checkpoint import (
     save_checkpoint,
 )
 from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.memory import preflight
 from projected_grpo.rl.pool import PoolRow, draw
 from projected_grpo.rl.schedule import lr_at
 
@@ -79,6 +82,7 @@ def mixed_rollout(
         temperature=r.temperature,
         top_p=r.top_p,
         seed=seed,
+        batch_size=r.batch_size,  # rows per sampling call (null: all at once)
         max_prompt_tokens=r.max_prompt_tokens,
     )
     if n_pool == 0:
@@ -138,10 +142,22 @@ def step_rollout(
     return concat_rollouts(ro, ro_d, tok.pad_token_id), is_student + st_d
 
 
-def micro_batches(n_on: int, N: int, size: int) -> list[slice]:
-    """Row slices of at most `size` rows; none straddles n_on, so each micro-batch runs in one knob state (rows n_on…N
-    are the deploy groups, trained with the knob off)."""
-    return [slice(s, min(end, s + size)) for start, end in ((0, n_on), (n_on, N)) for s in range(start, end, size)]
+def micro_batches(n_on: int, N: int, size: int, widths: list[int] | None = None, max_tokens: int = 0) -> list[slice]:
+    """Row slices of at most `size` rows and, with max_tokens > 0, at most max_tokens tokens: rows × the widest row's
+    `widths` (padded prompt + completion), at least one row (grpo.micro_batch_tokens). None straddles n_on, so each
+    micro-batch runs in one knob state (rows n_on…N are the deploy groups, trained with the knob off)."""
+    out = []
+    for start, end in ((0, n_on), (n_on, N)):
+        s = start
+        while s < end:
+            e = min(end, s + size)
+            if max_tokens:  # the most rows (at least one) whose count × widest width fits
+                e, wide = s + 1, widths[s]
+                while e < min(end, s + size) and (e + 1 - s) * max(wide, widths[e]) <= max_tokens:
+                    wide, e = max(wide, widths[e]), e + 1
+            out.append(slice(s, e))
+            s = e
+    return out
 
 
 def loss_logprobs(
@@ -248,7 +264,8 @@ def loss_backward(
         runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
         probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
         state = knob_disabled(model) if sl.start >= n_on else nullcontext()  # micro_batches: one state per slice
-        with state, probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
+        ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
+        with state, ckpt, probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
             with timer("forward"):
                 logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
@@ -528,6 +545,12 @@ def train(
     # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
     # activation gate index full-length rows, so they keep every row's own prompt copy.
     policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
+    # pre-flight (rl/memory.py): one step's peak device memory, printed once; on CUDA a step that will not fit stops
+    # here, naming what to lower. Probes keep per-row gradients unless the policy forward shares prompts (then only
+    # per-rollout routing reads them, own-token); per-token routing keeps per-token coefficients.
+    probe_rows = not policy_runs or arm.gate == "rollout"
+    token_k = p.basis.k if arm.gate == "token" else 0
+    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, echo=lambda s: print(s, file=sys.stderr))
     ads = adapters(model)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
     start = prepare_run_dir(out_dir, signature or {})
@@ -573,7 +596,11 @@ def train(
         # ---- reward and advantage (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group divides by the group's
         # std). The reference forward (adapter off, method.md §3.1) needs no reward, so it runs while the sandbox
         # grades ---------------------------------------------------------------------------------------------------
-        mbs = micro_batches(n_on, N, g.micro_batch)
+        # tokens per row for grpo.micro_batch_tokens: the shared-prompt forward runs each micro-batch to its longest
+        # completion, the per-row forward every row to the step's width
+        Tp, T = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+        widths = (Tp + (ro.mask.sum(1).clamp(min=1) if policy_runs else torch.full((N,), T))).tolist()
+        mbs = micro_batches(n_on, N, g.micro_batch, widths, g.micro_batch_tokens)
         with ThreadPoolExecutor(max_workers=1) as grading:
             graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
             refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
@@ -615,7 +642,15 @@ def train(
 # them bit for bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
 SIGNATURE_DEFAULTS = {
     "model": {"device": "cpu", "dtype": "float32"},
-    "grpo": {"lr_schedule": "constant", "warmup_steps": 0, "loss": "dr_grpo", "scale_rewards": "none"},
+    "grpo": {
+        "lr_schedule": "constant",
+        "warmup_steps": 0,
+        "loss": "dr_grpo",
+        "scale_rewards": "none",
+        "micro_batch_tokens": 0,
+        "grad_checkpointing": False,
+    },
+    "rollout": {"batch_size": None},
     "projection": {"deploy_frac": 0.0},
 }
 
