@@ -214,6 +214,8 @@ def render(res: dict, source: str) -> str:
         "machine's time is scarce), so a time is one measurement, not a distribution.",
         "",
     ]
+    if res.get("calls"):  # results gathered over several lent-machine calls
+        lines += ["Calls:", ""] + [f"* call {k}: {v}" for k, v in res["calls"].items()] + [""]
     tiny = res.get("tiny", {})
     lines += ["## Tiny chain: the pipeline's stages on CUDA in bfloat16", ""]
     if not tiny:
@@ -260,6 +262,8 @@ def render(res: dict, source: str) -> str:
             f"| {ph['t_backward']:.2f} | {ph['t_gate_calibration']:.2f} | {r['peak_gib']} "
             f"| {r.get('estimate_gib', 'n/a')} |"
         )
+    if res.get("notes"):  # the reading, written by whoever ran it (kept in the results file)
+        lines += ["", "## Reading", ""] + [f"* {n}" for n in res["notes"]]
     return "\n".join(lines) + "\n"
 
 
@@ -273,6 +277,7 @@ def main(
     layers: int = typer.Option(36, help="Shape part: decoder layers (Qwen3-4B has 36)."),
     tiny_root: Path = typer.Option(None, help="Reuse a finished tiny chain (skips the tiny part)."),
     small: bool = typer.Option(False, help="Shape part at width 256 (vocab still 151936): a quick CPU check."),
+    problems_only: bool = typer.Option(False, help="Skip the tiny chain; build only its problems (64 train)."),
     render_from: Path = typer.Option(None, "--render", help="Write --report from this results JSON, run nothing."),
     report: Path = typer.Option(ROOT / "reports/bench/gpu.md", help="Markdown report of --render."),
 ) -> None:
@@ -284,7 +289,12 @@ def main(
     res: dict = {"machine": platform.node(), "torch": torch.__version__}
     res["device"] = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu"
     work = Path(tempfile.mkdtemp(prefix="gpu_smoke_"))
-    if tiny_root is None:
+    if problems_only:  # the shape part's prompts only: the problems stage with 64 training problems
+        sys.path.insert(0, str(ROOT))
+        from tests.test_device import CHAIN, tiny_chain
+
+        tiny_chain(work / "tiny", device, "bfloat16", CHAIN[:1], minileet={"n_train": 64})
+    elif tiny_root is None:
         t0 = time.perf_counter()
         try:
             res["tiny"] = part_tiny(work, device)

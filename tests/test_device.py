@@ -117,17 +117,17 @@ CHAIN = [
 ]
 
 
-def tiny_chain(root, device: str, dtype: str) -> dict[str, float]:
+def tiny_chain(root, device: str, dtype: str, chain=CHAIN, **sections) -> dict[str, float]:
     """The pipeline's stages problems → organism → pool → basis → train (2 GRPO steps) → eval_sets → evaluate, from a
     copy of this repository's dvc.yaml and stage scripts on test_pipeline's tiny params, policy on `device` in
-    `dtype`. Returns each stage's wall seconds."""
+    `dtype` (`chain`: a prefix of it; `sections`: more params). Returns each stage's wall seconds."""
     root.mkdir(parents=True)
     for name in ("src", "stages", "data"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for f in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / f, root / f)
-    set_params(root, **{**TINY, "model": {"device": device, "dtype": dtype}, "arms": [ARM]})
-    return run_chain(root, CHAIN)
+    set_params(root, **{**TINY, "model": {"device": device, "dtype": dtype}, "arms": [ARM], **sections})
+    return run_chain(root, chain)
 
 
 def check_chain(root, dtype: str) -> None:
