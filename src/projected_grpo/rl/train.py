@@ -160,6 +160,25 @@ def micro_batches(n_on: int, N: int, size: int, widths: list[int] | None = None,
     return out
 
 
+def step_micro_batches(ro: Rollout, n_on: int, g, policy_runs: bool) -> list[slice]:
+    """The step's micro-batches (grpo.micro_batch rows, grpo.micro_batch_tokens tokens). A row's tokens: the shared-
+    prompt forward runs each micro-batch to its longest completion, the per-row forward every row to the step's
+    width."""
+    N, Tp, T = ro.completion_ids.shape[0], ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+    widths = (Tp + (ro.mask.sum(1).clamp(min=1) if policy_runs else torch.full((N,), T))).tolist()
+    return micro_batches(n_on, N, g.micro_batch, widths, g.micro_batch_tokens)
+
+
+def step_preflight(model, p, arm: Arm, policy_runs: bool) -> None:
+    """The pre-flight (rl/memory.py) for this arm: one step's peak device memory, printed once; on CUDA a step that
+    will not fit stops with one line naming what to lower. Probes keep per-row gradients unless the policy forward
+    shares prompts (then only per-rollout routing reads them, own-token); per-token routing keeps per-token
+    coefficients."""
+    probe_rows = not policy_runs or arm.gate == "rollout"
+    token_k = p.basis.k if arm.gate == "token" else 0
+    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, echo=lambda s: print(s, file=sys.stderr))
+
+
 def loss_logprobs(
     model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float, runs: tuple[Tensor, Tensor] | None
 ) -> Tensor:
@@ -545,12 +564,7 @@ def train(
     # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
     # activation gate index full-length rows, so they keep every row's own prompt copy.
     policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
-    # pre-flight (rl/memory.py): one step's peak device memory, printed once; on CUDA a step that will not fit stops
-    # here, naming what to lower. Probes keep per-row gradients unless the policy forward shares prompts (then only
-    # per-rollout routing reads them, own-token); per-token routing keeps per-token coefficients.
-    probe_rows = not policy_runs or arm.gate == "rollout"
-    token_k = p.basis.k if arm.gate == "token" else 0
-    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, echo=lambda s: print(s, file=sys.stderr))
+    step_preflight(model, p, arm, policy_runs)  # one step's peak device memory; stops on CUDA if it will not fit
     ads = adapters(model)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
     start = prepare_run_dir(out_dir, signature or {})
@@ -596,11 +610,7 @@ def train(
         # ---- reward and advantage (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group divides by the group's
         # std). The reference forward (adapter off, method.md §3.1) needs no reward, so it runs while the sandbox
         # grades ---------------------------------------------------------------------------------------------------
-        # tokens per row for grpo.micro_batch_tokens: the shared-prompt forward runs each micro-batch to its longest
-        # completion, the per-row forward every row to the step's width
-        Tp, T = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
-        widths = (Tp + (ro.mask.sum(1).clamp(min=1) if policy_runs else torch.full((N,), T))).tolist()
-        mbs = micro_batches(n_on, N, g.micro_batch, widths, g.micro_batch_tokens)
+        mbs = step_micro_batches(ro, n_on, g, policy_runs)
         with ThreadPoolExecutor(max_workers=1) as grading:
             graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
             refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
