@@ -17,7 +17,7 @@ from projected_grpo.common import atomic
 from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
-from projected_grpo.method.basis_eval import describe, extract_all, json_ready, metrics, render_report
+from projected_grpo.method.basis_eval import describe, extract, json_ready, metrics, render_report
 from projected_grpo.method.pairs import PAIRSETS, load_pairset, pairset_path
 from projected_grpo.policy.adapter import load_policy
 
@@ -38,7 +38,7 @@ def main(
     torch.manual_seed(p.seed)
     model, tok = load_policy(p, organism, cache_dir=svd_cache)
     holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
-    res = extract_all(model, tok, sets, holdout, p.basis, p.rollout.temperature)
+    res = extract(model, tok, sets, holdout, p)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("selected", "random", "act"):
         res[name].save(out / f"{'basis' if name == 'selected' else name}.safetensors")

@@ -300,7 +300,7 @@ def test_real_setting_fits_an_h100(arm, shared, probes, rotations, token_k):
 def test_held_out_batches_obey_the_loss_steps_memory_bound():
     """Gate calibration and basis refresh run held-out completions in batches no larger than the loss's micro-batch,
     and with grpo.micro_batch_tokens no more rows of the longest sequence than that budget holds."""
-    from projected_grpo.method.direction import held_out_batch
+    from projected_grpo.method.basis import held_out_batch
 
     d = yaml.safe_load((ROOT / "params.yaml").read_text())
     p = from_dict(Params, d)

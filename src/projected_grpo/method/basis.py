@@ -226,6 +226,16 @@ def encode(tokenizer, records, completions: list[str]) -> tuple[list[list[int]],
     return prompts, comps
 
 
+def held_out_batch(p) -> int:
+    """Held-out completions per forward/backward of the basis stage, the gate calibration and the refresh: the loss's
+    micro-batch (grpo.micro_batch), and with grpo.micro_batch_tokens the rows a longest sequence (max_prompt_tokens +
+    max_new_tokens) fits in it, at least one: the same memory bound as the loss step (rl/memory.py)."""
+    g, r = p.grpo, p.rollout
+    if g.micro_batch_tokens <= 0:
+        return g.micro_batch
+    return max(1, min(g.micro_batch, g.micro_batch_tokens // (r.max_prompt_tokens + r.max_new_tokens)))
+
+
 def completion_grads(
     model,
     tokenizer,

@@ -30,9 +30,11 @@ from projected_grpo.method.basis import (
     basis_with,
     completion_grads,
     cosine_scores,
+    held_out_batch,
     pooled_activations,
 )
 from projected_grpo.method.pairs import PLACEBO, Pair, pair_records, select_pairs
+from projected_grpo.policy.checkpointing import activation_checkpointing
 
 REFERENCE = "prog_wide"  # the shared held-out set of real hack mechanisms
 N_BOOT = 1000
@@ -55,11 +57,12 @@ class PairGrads:
         return ({n: g[idx] for n, g in self.cal_hack.items()}, {n: g[idx] for n, g in self.cal_clean.items()})
 
 
-def pair_grads(model, tok, pairs: list[Pair], problems, temperature: float, modes) -> PairGrads:
+def pair_grads(model, tok, pairs: list[Pair], problems, temperature: float, modes, batch_size: int = 16) -> PairGrads:
     ex, cal = select_pairs(pairs, "extract", modes), select_pairs(pairs, "calibrate", modes)
 
     def grads(ps: list[Pair], side: str) -> dict[str, Tensor]:
-        return completion_grads(model, tok, pair_records(ps, problems), [getattr(q, side) for q in ps], temperature)
+        texts = [getattr(q, side) for q in ps]
+        return completion_grads(model, tok, pair_records(ps, problems), texts, temperature, batch_size)
 
     return PairGrads(
         grads(ex, "hack"),
@@ -154,15 +157,30 @@ def make_basis(bp, g: PairGrads, method: str, like: Basis | None = None) -> Basi
     return basis_with(g.extract_hack, g.extract_clean, bp, method, like=like)
 
 
+def extract(model, tok, pairsets: dict[str, list[Pair]], problems, p) -> dict:
+    """`extract_all` with run params `p`: the basis settings, the rollout temperature, and the memory bound of the
+    loop's held-out batches (basis.held_out_batch, checkpointed as grpo.grad_checkpointing says)."""
+    with activation_checkpointing(model, p.grpo.grad_checkpointing):
+        return extract_all(model, tok, pairsets, problems, p.basis, p.rollout.temperature, True, held_out_batch(p))
+
+
 def extract_all(
-    model, tok, pairsets: dict[str, list[Pair]], problems, bp, temperature: float, progress: bool = True
+    model,
+    tok,
+    pairsets: dict[str, list[Pair]],
+    problems,
+    bp,
+    temperature: float,
+    progress: bool = True,
+    batch_size: int = 16,
 ) -> dict:
     """Everything the basis stage saves and reports. `pairsets`: {name: pairs} for the substrate (the selected one
-    and `prog_wide` must be present). Returns {"selected", "random", "act", "rows", "methods", "act_auroc"}."""
+    and `prog_wide` must be present). Returns {"selected", "random", "act", "rows", "methods", "act_auroc"}.
+    batch_size: completions per forward/backward."""
     modes = bp.modes
     grads: dict[str, PairGrads] = {}
     for name in tqdm(list(pairsets), desc="pair-set gradients", disable=not progress):
-        g = pair_grads(model, tok, pairsets[name], problems, temperature, modes)
+        g = pair_grads(model, tok, pairsets[name], problems, temperature, modes, batch_size)
         if g.n_extract == 0 or g.n_cal == 0:
             if name == bp.pairset:
                 raise ValueError(
@@ -214,7 +232,9 @@ def extract_all(
     sel_pairs = pairsets[bp.pairset]
     ex, cal = select_pairs(sel_pairs, "extract", modes), select_pairs(sel_pairs, "calibrate", modes)
     acts = {
-        side: pooled_activations(model, tok, pair_records(ps, problems), [getattr(q, s) for q in ps], bp.act_layer)
+        side: pooled_activations(
+            model, tok, pair_records(ps, problems), [getattr(q, s) for q in ps], bp.act_layer, batch_size
+        )
         for side, ps, s in (("eh", ex, "hack"), ("ec", ex, "clean"), ("ch", cal, "hack"), ("cc", cal, "clean"))
     }
     act = act_basis(acts["eh"], acts["ec"], bp.act_layer)

@@ -25,7 +25,14 @@ from torch import Tensor
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.method import projection as proj
 from projected_grpo.method.arms import Arm
-from projected_grpo.method.basis import Basis, act_basis, basis_with, completion_grads, pooled_activations
+from projected_grpo.method.basis import (
+    Basis,
+    act_basis,
+    basis_with,
+    completion_grads,
+    held_out_batch,
+    pooled_activations,
+)
 from projected_grpo.method.gate import GateState, HeldOutPairs
 from projected_grpo.method.pairs import Pair, load_pairset, pair_records, pairset_path, select_pairs
 from projected_grpo.policy.checkpointing import activation_checkpointing
@@ -46,16 +53,6 @@ class RunBasis:
     matched: Basis | None = None
     cal: HeldOutPairs | None = None
     extraction: HeldOutPairs | None = None
-
-
-def held_out_batch(p) -> int:
-    """Held-out completions per forward/backward of the gate calibration and the basis refresh: the loss's
-    micro-batch (grpo.micro_batch), and with grpo.micro_batch_tokens the rows a longest sequence (max_prompt_tokens +
-    max_new_tokens) fits in it, at least one: the same memory bound as the loss step (rl/memory.py)."""
-    g, r = p.grpo, p.rollout
-    if g.micro_batch_tokens <= 0:
-        return g.micro_batch
-    return max(1, min(g.micro_batch, g.micro_batch_tokens // (r.max_prompt_tokens + r.max_new_tokens)))
 
 
 def refreshes(p, arm: Arm) -> bool:
