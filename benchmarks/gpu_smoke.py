@@ -30,20 +30,6 @@ import typer
 import yaml
 from harness import ROOT
 
-QWEN3_4B = dict(  # Qwen/Qwen3-4B config.json
-    hidden_size=2560,
-    intermediate_size=9728,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40960,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    vocab_size=151936,
-)
-
 
 def part_tiny(work: Path, device: str) -> dict:
     sys.path.insert(0, str(ROOT))
@@ -93,6 +79,7 @@ def shape_model(device: str, layers: int, small: bool = False):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from projected_grpo.policy.tiny import tiny_config, tiny_tokenizer
+    from projected_grpo.rl.memory import QWEN3_4B
 
     tok = tiny_tokenizer()
     t = tiny_config(len(tok))

@@ -29,19 +29,8 @@ from projected_grpo.policy.checkpointing import activation_checkpointing
 from projected_grpo.policy.logprobs import shared_prompt_logprobs
 from projected_grpo.policy.rollout import group_runs, sample_chunk
 from projected_grpo.rl.grpo_loss import grpo_loss
-from projected_grpo.rl.memory import GiB, adapter_shape, estimate, model_shape, step_shape
+from projected_grpo.rl.memory import QWEN3_4B, GiB, adapter_shape, estimate, model_shape, step_shape
 
-QWEN3_4B = dict(
-    vocab_size=151936,
-    hidden_size=2560,
-    intermediate_size=9728,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    tie_word_embeddings=True,
-    max_position_embeddings=40960,
-)
 TINY = {  # toy widths (--tiny)
     **QWEN3_4B,
     "vocab_size": 512,

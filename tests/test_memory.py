@@ -18,6 +18,7 @@ from projected_grpo.config import Params, from_dict, overlay
 from projected_grpo.policy.adapter import TARGETS, attach_adapters
 from projected_grpo.policy.model import load_model_and_tokenizer
 from projected_grpo.rl.memory import (
+    QWEN3_4B,
     AdapterShape,
     GiB,
     ModelShape,
@@ -50,16 +51,7 @@ SMALL_STEP = StepShape(
     probes=False,
     rotations=False,
 )
-QWEN3_4B = Qwen3Config(  # shared/docs: hidden 2560, 36 layers, 32 heads, 8 KV heads, head_dim 128, tied embeddings
-    vocab_size=151936,
-    hidden_size=2560,
-    intermediate_size=9728,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    tie_word_embeddings=True,
-)
+QWEN3_4B_CONFIG = Qwen3Config(**QWEN3_4B)
 H100 = 79.2 * GiB  # an 80 GB H100 (81559 MiB)
 
 
@@ -101,7 +93,7 @@ def test_distinct_prompts_in_a_slice():
 
 
 def shape_4b() -> tuple[ModelShape, AdapterShape]:
-    m = ModelShape.from_config(QWEN3_4B, 2)
+    m = ModelShape.from_config(QWEN3_4B_CONFIG, 2)
     return m, AdapterShape.from_model_shape(m, "svd", 64, TARGETS["all"])
 
 

@@ -25,6 +25,22 @@ GiB = 1024**3
 F32 = 4  # bytes: δS/δS_h masters, Adam state, probes, log-softmax
 
 
+# Qwen/Qwen3-4B's config.json (the real setting's shape: what the estimate's tests and the GPU benchmarks build).
+QWEN3_4B = dict(
+    vocab_size=151936,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the estimate reads of the model: its weight count and dtype, and the decoder's widths."""
