@@ -85,6 +85,38 @@ def test_estimate_by_hand_on_a_small_shape():
     assert sh.logits == 2 * 2 * (2 * 5 * 10) + 2 * 5 * 10 * 12  # the tail's logits and their concatenation
 
 
+def test_held_out_phase_by_hand_on_a_small_shape():
+    """Gated and refreshing arms run held-out pairs through forward/backward: full rows (held_out_batch of them),
+    every position's logits in bf16 and three fp32 copies; it counts in the peak as its own phase."""
+    step = dataclasses.replace(SMALL_STEP, held_out=True)
+    e = estimate(SMALL, small_adapter(), step)
+    assert step.held_out_rows == 2 and e.held_out_rows == 2  # the micro-batch (no token budget)
+    tokens = 2 * (3 + 5)
+    assert e.held_out == 2 * tokens * 264 + tokens * 8 * 4 + tokens * 10 * (2 + 4 + 4 + 4)
+    assert e.total == 2000 + 640 + max(e.sampling, e.loss, e.held_out)
+    assert estimate(SMALL, small_adapter(), SMALL_STEP).held_out == 0  # an ungated arm runs none
+    capped = dataclasses.replace(step, micro_batch_tokens=8)  # one 8-token row fits: at least one row
+    assert capped.held_out_rows == 1 and estimate(SMALL, small_adapter(), capped).held_out < e.held_out
+    assert (
+        "held-out pairs" in e.describe()
+        and "held-out pairs" not in estimate(SMALL, small_adapter(), SMALL_STEP).describe()
+    )
+
+
+def test_held_out_phase_matches_the_gpu_route_step():
+    """reports/bench/gpu.md: a route_per_rollout step at Qwen3-4B's shape (4×4 rows, 512 new tokens, held-out
+    batches of 4 checkpointed rows) peaked at 24.6 GiB on an H200 where the estimate without this phase said 15.2.
+    With it the estimate covers the measurement (an upper bound: every row at full width)."""
+    m, a = shape_4b()
+    p = real_setting()
+    g = dataclasses.replace(p.grpo, prompts_per_step=4, group_size=4, micro_batch=4)
+    r = dataclasses.replace(p.rollout, max_new_tokens=512)
+    s = step_shape(r, g, True, True, True, 0, held_out=True)
+    e = estimate(m, a, s)
+    assert e.held_out_rows == 4 and e.held_out > max(e.sampling, e.loss)  # the phase that sets this arm's peak
+    assert 24.6 * GiB <= e.total <= 2 * 24.6 * GiB
+
+
 def test_distinct_prompts_in_a_slice():
     """Groups of G rows: aligned slices of G·k rows hold k prompts; a slice may start on a group's last row."""
     assert distinct_prompts(32, 16, aligned=True) == 2 and distinct_prompts(8, 16, aligned=True) == 1
@@ -282,7 +314,7 @@ def test_real_setting_fits_an_h100(arm, shared, probes, rotations, token_k):
     no checkpointing) would not."""
     p = real_setting()
     m, a = shape_4b()
-    s = step_shape(p.rollout, p.grpo, shared, probes, rotations, token_k)
+    s = step_shape(p.rollout, p.grpo, shared, probes, rotations, token_k, held_out=arm != "vanilla")
     assert estimate(m, a, s).total <= H100 - 4 * GiB
     g = dataclasses.replace(p.grpo, micro_batch_tokens=0, grad_checkpointing=False)
     plain = step_shape(dataclasses.replace(p.rollout, batch_size=None), g, shared, probes, rotations, token_k)

@@ -1,19 +1,21 @@
 """Peak device memory of one GRPO step, estimated from the model's shape and the params (issue 26: the real setting
 runs on a GPU), and the pre-flight that prints it and stops a CUDA run that will not fit.
 
-A step has two phases that never hold memory at the same time: sampling (policy/rollout.py: the KV cache of
-`rollout.batch_size` rows) and the loss (reference forward, then forward/backward per micro-batch: activations and the
-fp32 log-softmax over the vocabulary). What lives through the whole run is the weights and the adapter (U/V, the fp32
-δS/δS_h masters and gradients, the optimizer's coordinates and Adam moments, rotations, per-row probe gradients). So
+A step has phases that never hold memory at the same time: sampling (policy/rollout.py: the KV cache of
+`rollout.batch_size` rows), the loss (reference forward, then forward/backward per micro-batch: activations and the
+fp32 log-softmax over the vocabulary) and, for gated or refreshing arms, the held-out pairs' forward/backward (gate
+calibration, basis refresh: basis.held_out_batch rows of full width, every position's logits). What lives through the
+whole run is the weights and the adapter (U/V, the fp32 δS/δS_h masters and gradients, the optimizer's coordinates and
+Adam moments, rotations, per-row probe gradients). So
 
-    peak ≈ weights + adapter + max(sampling, loss)
+    peak ≈ weights + adapter + max(sampling, loss, held-out)
 
 It is an estimate of the tensors this code allocates, not a measurement. Left out: the CUDA context and the caching
 allocator's fragmentation (mem_get_info is read after the context exists; keep some headroom), the reference forward
-(no-grad: the same logits, no saved activations, below the loss phase), the gate calibration and basis refresh
-forwards (held-out pairs, their own batch sizes), the attention mask and RoPE tables (a few MB), attention kernels that
-materialise (rows, heads, L, L) scores (a fused SDPA kernel is assumed), and the tokens and texts on the host. Widths
-are upper bounds: every prompt at rollout.max_prompt_tokens and every completion at rollout.max_new_tokens.
+(no-grad: the same logits, no saved activations, below the loss phase), the attention mask and RoPE tables (a few MB),
+attention kernels that materialise (rows, heads, L, L) scores (a fused SDPA kernel is assumed), and the tokens and
+texts on the host. Widths are upper bounds: every prompt at rollout.max_prompt_tokens and every completion at
+rollout.max_new_tokens.
 """
 
 from __future__ import annotations
@@ -114,6 +116,13 @@ class StepShape:
     probes: bool  # per-row δS gradients are kept (probes)
     rotations: bool  # the arm reads a basis: a (D_m, D_m) rotation per module
     token_k: int = 0  # per-token capture: directions per module (per-token routing), 0 = none
+    held_out: bool = False  # the arm runs held-out pairs through forward/backward (gate calibration, basis refresh)
+
+    @property
+    def held_out_rows(self) -> int:  # basis.held_out_batch: the micro-batch, capped by its token budget
+        if not self.micro_batch_tokens:
+            return self.micro_batch
+        return max(1, min(self.micro_batch, self.micro_batch_tokens // self.width))
 
     @property
     def width(self) -> int:  # tokens of one row: padded prompt + completion
@@ -150,6 +159,8 @@ class MemoryEstimate:
     width: int  # tokens per row
     sample_rows: int
     grad_checkpointing: bool
+    held_out: int = 0  # one held-out batch's forward/backward (gate calibration, basis refresh); 0 = none
+    held_out_rows: int = 0
 
     @property
     def sampling(self) -> int:
@@ -161,7 +172,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.weights + self.adapter + max(self.sampling, self.loss)
+        return self.weights + self.adapter + max(self.sampling, self.loss, self.held_out)
 
     def describe(self) -> str:
         """One paragraph, GiB with one decimal."""
@@ -172,8 +183,13 @@ class MemoryEstimate:
             f"{g(self.adapter)} GiB; sampling {g(self.sampling)} GiB (KV cache {g(self.kv_cache)} GiB for "
             f"{self.sample_rows} rows x {self.width} tokens, other {g(self.decode)} GiB); loss {g(self.loss)} GiB "
             f"(activations {g(self.activations)} GiB with checkpointing {ck}, logits and fp32 log-softmax "
-            f"{g(self.logits)} GiB, micro-batches of {self.mb_rows} rows x {self.width} tokens); peak about "
-            f"{g(self.total)} GiB = weights + adapter + the larger of sampling and loss (the two never overlap), not "
+            f"{g(self.logits)} GiB, micro-batches of {self.mb_rows} rows x {self.width} tokens); "
+            + (
+                f"held-out pairs {g(self.held_out)} GiB (batches of {self.held_out_rows} rows x {self.width} tokens); "
+                if self.held_out_rows
+                else ""
+            )
+            + f"peak about {g(self.total)} GiB = weights + adapter + the largest phase (they never overlap), not "
             "counting the CUDA context and allocator fragmentation."
         )
 
@@ -244,6 +260,13 @@ def estimate(m: ModelShape, a: AdapterShape, s: StepShape) -> MemoryEstimate:
     model_logits = 2 * w * b * T * V if s.shared else w * b * (Tp + T) * V
     logits = model_logits + b * T * V * ((F32 if w < F32 else 0) + 2 * F32)
 
+    # --- held-out pairs (basis.completion_grads): full rows, every position's logits, the same fp32 copies --------
+    held_out, h = 0, s.held_out_rows if s.held_out else 0
+    if h:
+        ht = h * (Tp + T)
+        acts = L * ht * m.hidden * w + ht * per_layer if s.grad_checkpointing else L * ht * per_layer
+        held_out = acts + ht * m.hidden * 4 + ht * V * (w + (F32 if w < F32 else 0) + 2 * F32)
+
     return MemoryEstimate(
         weights=weights,
         adapter=adapter,
@@ -255,6 +278,8 @@ def estimate(m: ModelShape, a: AdapterShape, s: StepShape) -> MemoryEstimate:
         width=s.width,
         sample_rows=bs,
         grad_checkpointing=s.grad_checkpointing,
+        held_out=held_out,
+        held_out_rows=h,
     )
 
 
@@ -282,6 +307,7 @@ def savings(m: ModelShape, a: AdapterShape, s: StepShape) -> list[tuple[str, str
     for key, old, new, t in options:
         e = estimate(m, a, t)
         saved = (est.adapter - e.adapter) + (est.sampling - e.sampling) + (est.loss - e.loss)
+        saved += est.held_out - e.held_out
         if saved > 0:
             out.append((key, f"{fmt(old)} -> {fmt(new)}", saved))
     return sorted(out, key=lambda x: -x[2])
@@ -328,7 +354,9 @@ def adapter_shape(model, kind: str, rank: int) -> AdapterShape:
     return AdapterShape(kind, rank, tuple((a.base.in_features, a.base.out_features) for a in adapters(model).values()))
 
 
-def step_shape(rollout, grpo, shared: bool, probes: bool, rotations: bool, token_k: int = 0) -> StepShape:
+def step_shape(
+    rollout, grpo, shared: bool, probes: bool, rotations: bool, token_k: int = 0, held_out: bool = False
+) -> StepShape:
     """From the params' rollout and grpo sections and what the arm keeps per row."""
     N = grpo.prompts_per_step * grpo.group_size
     return StepShape(
@@ -344,6 +372,7 @@ def step_shape(rollout, grpo, shared: bool, probes: bool, rotations: bool, token
         probes=probes,
         rotations=rotations,
         token_k=token_k,
+        held_out=held_out,
     )
 
 
@@ -358,11 +387,13 @@ def available_bytes(device) -> int | None:
     return free + torch.cuda.memory_reserved(device)
 
 
-def preflight(model, p, shared: bool, probes: bool, rotations: bool, token_k: int = 0, echo=print) -> MemoryEstimate:
+def preflight(
+    model, p, shared: bool, probes: bool, rotations: bool, token_k: int = 0, held_out: bool = False, echo=print
+) -> MemoryEstimate:
     """Estimate one step for this model and params, echo `describe()`, and on CUDA raise `check_fits`'s one-line
     error when it will not fit (on CPU it only prints)."""
     m, a = model_shape(model), adapter_shape(model, p.adapter.kind, p.adapter.rank)
-    s = step_shape(p.rollout, p.grpo, shared, probes, rotations, token_k)
+    s = step_shape(p.rollout, p.grpo, shared, probes, rotations, token_k, held_out)
     est = estimate(m, a, s)
     echo(est.describe())
     avail = available_bytes(next(model.parameters()).device)

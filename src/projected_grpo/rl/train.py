@@ -42,7 +42,14 @@ from projected_grpo.env.rewards import CORRECTNESS_REWARD, gt_only
 from projected_grpo.method import projection as proj
 from projected_grpo.method.arms import Arm
 from projected_grpo.method.basis import pool_tokens
-from projected_grpo.method.direction import Direction, RunBasis, act_gated, check_run_basis, mass_matched
+from projected_grpo.method.direction import (
+    Direction,
+    RunBasis,
+    act_gated,
+    check_run_basis,
+    mass_matched,
+    refreshes,
+)
 from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
 from projected_grpo.method.optim import RotatedAdam
 from projected_grpo.policy.adapter import adapters, adapters_disabled, knob_disabled, probes, token_capture
@@ -173,10 +180,12 @@ def step_preflight(model, p, arm: Arm, policy_runs: bool) -> None:
     """The pre-flight (rl/memory.py) for this arm: one step's peak device memory, printed once; on CUDA a step that
     will not fit stops with one line naming what to lower. Probes keep per-row gradients unless the policy forward
     shares prompts (then only per-rollout routing reads them, own-token); per-token routing keeps per-token
-    coefficients."""
+    coefficients; gated and refreshing arms run held-out pairs through forward/backward too."""
     probe_rows = not policy_runs or arm.gate == "rollout"
     token_k = p.basis.k if arm.gate == "token" else 0
-    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, echo=lambda s: print(s, file=sys.stderr))
+    held_out = arm.gate is not None or refreshes(p, arm)  # gate calibration, basis refresh
+    echo = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    preflight(model, p, policy_runs, probe_rows, arm.reads_basis, token_k, held_out, echo=echo)
 
 
 def loss_logprobs(
