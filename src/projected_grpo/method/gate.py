@@ -138,7 +138,7 @@ def calibrate_gate(
     with the gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or
     per-completion cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The
     interval is a percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed
-    GATE_CI_SEED. `batch_size`: completions per forward/backward (the loop passes grpo.micro_batch: memory).
+    GATE_CI_SEED. `batch_size`: completions per forward/backward (the loop passes basis.held_out_batch: memory).
 
     projection.band "tail": τ_lo = τ_hi = the conservative Quantile_{1−f}(clean scores) (no band), and `quality` holds
     the gate's precision, recall and F0.5 on the same pairs (`proj.gate_quality`). It is {} for the band gates, so

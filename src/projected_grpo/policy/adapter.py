@@ -156,7 +156,9 @@ def svd_factors(weight: Tensor, rank: int, cache_dir: Path | str | None = None) 
     """Top-`rank` thin SVD of `weight` (d_out, d_in) in fp32 -> U (d_out, r), V (d_in, r); cached by content."""
     path = None
     if cache_dir is not None:
-        path = Path(cache_dir) / f"svd-{weight_digest(weight)}-r{rank}.safetensors"
+        # the CUDA path's factors (a Gram eigh) are their own entries: every stage of a run must see the same U, V
+        gram = "-gram" if weight.is_cuda else ""
+        path = Path(cache_dir) / f"svd-{weight_digest(weight)}-r{rank}{gram}.safetensors"
         if path.is_file():
             f = load_file(path)
             return f["U"], f["V"]
