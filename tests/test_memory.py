@@ -335,3 +335,5 @@ def test_held_out_batches_obey_the_loss_steps_memory_bound():
     assert 1 <= rows <= real.grpo.micro_batch and rows * longest <= real.grpo.micro_batch_tokens
     tight = dataclasses.replace(real, grpo=dataclasses.replace(real.grpo, micro_batch_tokens=longest - 1))
     assert held_out_batch(tight) == 1  # at least one row, even when one does not fit the budget
+    for q in (p, real, tight):  # the estimate sizes the held-out phase with the rows the code runs
+        assert step_shape(q.rollout, q.grpo, True, True, True, 0, held_out=True).held_out_rows == held_out_batch(q)

@@ -172,6 +172,8 @@ def step_micro_batches(ro: Rollout, n_on: int, g, policy_runs: bool) -> list[sli
     prompt forward runs each micro-batch to its longest completion, the per-row forward every row to the step's
     width."""
     N, Tp, T = ro.completion_ids.shape[0], ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+    if not g.micro_batch_tokens:  # rows only: no widths (no device sync in the step)
+        return micro_batches(n_on, N, g.micro_batch)
     widths = (Tp + (ro.mask.sum(1).clamp(min=1) if policy_runs else torch.full((N,), T))).tolist()
     return micro_batches(n_on, N, g.micro_batch, widths, g.micro_batch_tokens)
 
