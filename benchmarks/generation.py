@@ -7,15 +7,17 @@ organism's shape (params.yaml `organism`) with random weights, built in-process.
 Prompts are real minileet prompts rendered with the chat template (~200 tokens under a 2048-token BPE trained on the
 LeetCode split). EOS is suppressed (logit -inf) so every variant generates exactly the same number of tokens. All
 variants go through `rollout.generate`, side by side in one run: engine="shared" (ours: one prefill per distinct
-prompt, finished rows dropped, in-place cache) and engine="hf" (`model.generate`, which draws the same tokens). The
-two slow variants (batch 1, no cache) are timed on the first whole groups only (--batch1-completions,
---nocache-completions) and reported per completion. A second workload lets rows stop: the EOS logit gets a bias
-(--eos-bias) so completion lengths spread as the organism's do (mean ~40-50 of 160 tokens), which is where dropping
-finished rows pays.
+prompt, finished rows dropped, in-place cache, tokens drawn by inverse CDF; with draw="multinomial" it draws HF's
+tokens) and engine="hf" (`model.generate`). The two slow variants (batch 1, no cache) are timed on the first whole
+groups only (--batch1-completions, --nocache-completions) and reported per completion. A second workload lets rows
+stop: the EOS logit gets a bias (--eos-bias) so completion lengths spread as the organism's do (mean ~40-50 of 160
+tokens), which is where dropping finished rows pays. A third times the GRPO trainer's sampling lever by lever
+(`trainer_levers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
@@ -28,6 +30,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from projected_grpo.config import load_params
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.problems import load_problems
+from projected_grpo.policy.adapter import adapters, attach_adapters, merged
 from projected_grpo.policy.model import render_prompt
 from projected_grpo.policy.rollout import generate
 from projected_grpo.policy.tokenizer import EOS, PAD, SPECIAL_TOKENS, train_tokenizer
@@ -101,8 +104,11 @@ def main(
     assert int(r.mask.sum()) == B * max_new_tokens
     rows.append(("batched, KV cache (ours)", B, s))
     print(f"batched+cache: {s:.1f}s", flush=True)
+    r_mn, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, draw="multinomial", **kw), sync)
+    rows.append(('batched, KV cache (ours) with HF\'s draw (draw="multinomial")', B, s))
+    print(f"batched+cache, multinomial: {s:.1f}s", flush=True)
     r_hf, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, engine="hf", **kw), sync)
-    assert torch.equal(r_hf.completion_ids, r.completion_ids)  # the same draws
+    assert torch.equal(r_hf.completion_ids, r_mn.completion_ids)  # the same draws
     rows.append(('batched, KV cache, HF `generate` (engine="hf")', B, s))
     print(f"hf generate: {s:.1f}s", flush=True)
     _, s = timed(lambda: generate(model, tok, prompts, group_size=group_size, batch_size=group_size, **kw), sync)
@@ -138,6 +144,7 @@ def main(
         stop[eng].append(s)
         lens = r2.mask.sum(-1).float()
     print(f"stopping rows: {stop}", flush=True)
+    levers = trainer_levers(tok, prompts, group_size, device, dtype, eos_bias, kw2, sync)
     if device.startswith("cuda"):
         machine = torch.cuda.get_device_name(0)
     else:
@@ -179,7 +186,9 @@ def main(
         "",
         f"The same {B} completions, budget {stop_max_new_tokens} tokens, EOS logit +{eos_bias:g}: completion length "
         f"mean {float(lens.mean()):.1f}, median {float(lens.median()):.0f}, max {int(lens.max())} tokens. Each "
-        "engine run twice, interleaved (ours, HF, HF, ours); the same tokens either way.",
+        "engine run twice, interleaved (ours, HF, HF, ours). Ours draws by inverse CDF (one uniform per row), HF by "
+        '`torch.multinomial`: the same distribution, different tokens (with draw="multinomial" ours gives HF\'s '
+        "tokens exactly, section 1).",
         "",
         "| engine | wall (s), both runs | mean (s) | ours is faster by |",
         "|---|---|---|---|",
@@ -189,8 +198,60 @@ def main(
             for name, e in (('ours (engine="shared")', "shared"), ('HF `generate` (engine="hf")', "hf"))
         ),
     ]
+    lines += levers
     write_report(out, lines)
     print("\n".join(lines))
+
+
+def trainer_levers(tok, prompts, group_size, device, dtype, eos_bias, kw, sync) -> list[str]:
+    """Section 3: the GRPO trainer's sampling, lever by lever, on the organism's shape with an SVD adapter (rank
+    params.yaml `adapter.rank` on every projection, δS ~ N(0, 0.05²) so the merged weights differ from the base), rows
+    stopping as in section 2: adapters in the forward + HF's multinomial draw (the trainer before issue 22's sampler
+    levers), merged weights + multinomial, merged + inverse CDF (the trainer now), and two steps' batches in one call
+    (2·B rows: the "bigger decode batches" lever, per completion). Interleaved A B C D D C B A; mean of the two."""
+    p = load_params(ROOT / "params.yaml")
+    model = organism_sized_model(len(tok), device, dtype, eos_bias=eos_bias)
+    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind)
+    with torch.no_grad():
+        for a in adapters(model).values():
+            a.delta.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+    B = len(prompts) * group_size
+    variants = {
+        "adapters + multinomial (before)": (contextlib.nullcontext, "multinomial", prompts),
+        "merged + multinomial": (lambda: merged(model), "multinomial", prompts),
+        "merged + inverse CDF (now)": (lambda: merged(model), "inverse_cdf", prompts),
+        f"merged + inverse CDF, {2 * B} rows in one call": (lambda: merged(model), "inverse_cdf", prompts * 2),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    for name in names + names[::-1]:
+        ctx, draw, ps = variants[name]
+
+        def run(ctx=ctx, draw=draw, ps=ps):
+            with ctx():
+                return generate(model, tok, ps, group_size=group_size, draw=draw, **kw)
+
+        _, s = timed(run, sync)
+        times[name].append(s * B / (len(ps) * group_size))  # per B completions
+    print(f"trainer levers: {times}", flush=True)
+    base = sum(times[names[0]]) / 2
+    return [
+        "",
+        "## 3. The trainer's sampling, lever by lever",
+        "",
+        f"An SVD adapter (rank {p.adapter.rank}, {p.adapter.targets} projections, δS ~ N(0, 0.05²)) on the model of "
+        f"section 2 (EOS logit +{eos_bias:g}, budget {kw['max_new_tokens']} tokens), {B} rows per call unless named. "
+        f"Times are per {B} completions (the {2 * B}-row call's wall time halved); each variant twice, interleaved "
+        "(A B C D D C B A).",
+        "",
+        "| variant | wall per step's rows (s), both runs | mean (s) | vs before |",
+        "|---|---|---|---|",
+        *(
+            f"| {k} | {' / '.join(f'{x:.2f}' for x in times[k])} | {sum(times[k]) / 2:.2f} | "
+            f"**{sum(times[k]) / 2 / base:.2f}x** |"
+            for k in names
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -399,8 +399,9 @@ def delta_weight(a: Adapter) -> torch.Tensor:
 @contextmanager
 def merged(model: nn.Module) -> Iterator[None]:
     """Sample from W + ΔW as plain Linears (no adapter matmuls): the same policy up to float rounding, faster.
-    The adapters are put back on exit. Use for evaluation only (no probes, no gradients). Below fp32 (a bf16 base)
-    it merges nothing: W + ΔW rounded to bf16 would lose most of a small ΔW, so sampling goes through the adapters."""
+    The adapters are put back on exit. Use for sampling only (no probes, no gradients: GRPO rollouts, evaluation).
+    The Linears are built uninitialised (no draw from the global RNG). Below fp32 (a bf16 base) it merges nothing:
+    W + ΔW rounded to bf16 would lose most of a small ΔW, so sampling goes through the adapters."""
     swapped: list[tuple[nn.Module, str, Adapter]] = []
     if any(a.base.weight.dtype != torch.float32 for a in adapters(model).values()):
         yield
@@ -409,7 +410,8 @@ def merged(model: nn.Module) -> Iterator[None]:
         for name, a in list(adapters(model).items()):
             parent_name, _, leaf = name.rpartition(".")
             parent = model.get_submodule(parent_name)
-            lin = nn.Linear(
+            lin = nn.utils.skip_init(
+                nn.Linear,
                 a.base.in_features,
                 a.base.out_features,
                 bias=a.base.bias is not None,

@@ -4,13 +4,18 @@ Each prompt is repeated `group_size` times contiguously (rows g·G … g·G+G−
 left-padded so every row's last prompt token sits in the same column and decoding appends on the right; position ids
 follow the attention mask (as HF `generate` derives them), so padding does not shift RoPE positions.
 
-The sampler (`sample_chunk`) draws exactly what HF `generate` draws (same logits processors, the same
-`torch.multinomial` call on the same (rows, V) probabilities, so the same RNG stream), but does less work:
+The sampler (`sample_chunk`) samples from the distribution HF `generate` samples from (same logits processors,
+same probabilities), but does less work:
   * the prefill runs once per distinct prompt and its KV cache is repeated over the group (G× less prompt compute);
   * rows that have finished leave the decode batch once they are a quarter of it (the cache is compacted), while the
-    multinomial still sees every row, so the random stream of the unfinished rows does not move;
-  * the KV cache is written in place into storage allocated once (`BufferedLayer`), not concatenated per token.
-tests/test_rollout.py checks token-for-token equality with HF `generate` (engine="hf"), which stays available.
+    draw still takes every row's random number, so the random stream of the unfinished rows does not move;
+  * the KV cache is written in place into storage allocated once (`BufferedLayer`), not concatenated per token;
+  * each token is drawn by inverse CDF from one uniform per row (`DRAWS["inverse_cdf"]`, the default): CPU
+    `torch.multinomial` draws one exponential per vocabulary entry (V log()s per row per token), about a fifth of a
+    decode step on the organism (reports/bench/generation.md).
+With draw="multinomial" it makes HF's own `torch.multinomial` call, so the same seed gives HF `generate`'s tokens
+exactly: tests/test_rollout.py checks that token for token (engine="hf" stays available), and checks the inverse-CDF
+draw's frequencies against the probabilities.
 """
 
 from __future__ import annotations
@@ -155,6 +160,7 @@ def generate(
     max_prompt_tokens: int | None = None,
     use_cache: bool = True,
     engine: str = "shared",
+    draw: str = "inverse_cdf",
     progress: bool = False,
     on_chunk: Callable[[int, list[str]], None] | None = None,
 ) -> Rollout:
@@ -172,13 +178,17 @@ def generate(
             max_new_tokens of the model's positions).
         use_cache: KV cache on (default); off only for benchmarking (engine="hf").
         engine: "shared" (`sample_chunk`: shared prefill, finished rows dropped) or "hf" (`model.generate`, the
-            reference it matches token for token).
+            reference it matches token for token with draw="multinomial").
+        draw: how the shared engine draws a token: "inverse_cdf" (one uniform per row; the default) or "multinomial"
+            (HF's call, V exponentials per row).
         progress: a progress bar over the batch_size chunks (long generations: the pool, evaluations).
         on_chunk: called as on_chunk(first_row, texts) as soon as a chunk is sampled, with the decoded texts of its
             rows (the same strings as the returned `texts`), e.g. to grade them while the next chunk samples.
     """
     if engine not in ("shared", "hf"):
         raise ValueError(f"engine must be 'shared' or 'hf', got {engine!r}")
+    if draw not in DRAWS:
+        raise ValueError(f"draw must be one of {sorted(DRAWS)}, got {draw!r}")
     if engine == "shared" and not use_cache:
         raise ValueError("use_cache=False is a benchmark of HF generate: pass engine='hf'")
     if group_size < 1 or max_new_tokens < 1:
@@ -231,7 +241,8 @@ def generate(
                 out = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg)  # (b, Tp' + T_c)
                 chunks.append(out[:, ids.shape[1] :].cpu())
             else:
-                chunks.append(sample_chunk(model, ids, am, eos_ids, pad_id, max_new_tokens, temperature, top_p).cpu())
+                args = (eos_ids, pad_id, max_new_tokens, temperature, top_p, draw)
+                chunks.append(sample_chunk(model, ids, am, *args).cpu())
             if on_chunk is not None:
                 on_chunk(s, decode_rows(tokenizer, chunks[-1], torch.ones_like(chunks[-1], dtype=torch.bool), eos_ids))
 
@@ -289,6 +300,22 @@ def logits_processors(temperature: float, top_p: float) -> LogitsProcessorList:
     return procs
 
 
+def inverse_cdf_draw(probs: Tensor) -> Tensor:
+    """(b, V) probabilities (rows sum to ~1, zeros allowed) -> (b,) one draw per row, from one uniform u per row:
+    the first token whose cumulative probability reaches (1 − u)·total. 1 − u lies in (0, 1], so a zero-probability
+    token is never drawn (not even token 0); the cumulative sum is fp64, so its rounding is far below any probability
+    a sampler can resolve."""
+    c = probs.double().cumsum(-1)  # (b, V)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)  # (b, 1) in [0, 1)
+    return torch.searchsorted(c, (1 - u) * c[:, -1:]).squeeze(1).clamp(max=probs.shape[1] - 1)
+
+
+DRAWS = {  # (b, V) probabilities -> (b,) token ids, from the global RNG
+    "inverse_cdf": inverse_cdf_draw,
+    "multinomial": lambda probs: torch.multinomial(probs, 1).squeeze(1),  # HF generate's call: its exact tokens
+}
+
+
 def group_runs(ids: Tensor, am: Tensor) -> tuple[Tensor, Tensor]:
     """(first, owner): the first row of each run of identical consecutive (ids, mask) rows, (U,), and each row's run,
     (b,); rows of one group are consecutive, so U is the number of distinct prompts."""
@@ -307,10 +334,12 @@ def sample_chunk(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
+    draw: str = "inverse_cdf",
 ) -> Tensor:
     """(b, Tp) left-padded prompt ids and mask -> (b, T_c) sampled tokens, pad after each row's EOS; T_c = steps until
-    every row has stopped or max_new_tokens. Draws from the global RNG exactly as HF `generate` would."""
-    b = ids.shape[0]
+    every row has stopped or max_new_tokens. Draws from the global RNG (`DRAWS[draw]`: "multinomial" is exactly HF
+    `generate`'s draw)."""
+    b, pick = ids.shape[0], DRAWS[draw]
     first, owner = group_runs(ids, am)
     procs = logits_processors(temperature, top_p)
     eos = torch.tensor(eos_ids, device=ids.device)
@@ -332,12 +361,12 @@ def sample_chunk(
     rows = torch.arange(b, device=ids.device)  # the decode batch's rows (finished ones may linger), in order
     done = torch.zeros(b, dtype=torch.bool, device=ids.device)  # (b,) rows that have sampled an EOS
     last = pos[:, -1:]  # (n_batch, 1) position of each batch row's last token; am: (n_batch, Tp + t)
-    scores = torch.zeros(b, logits.shape[-1], device=ids.device)  # (b, V) every row, as HF's multinomial sees them
+    scores = torch.zeros(b, logits.shape[-1], device=ids.device)  # (b, V) every row, as HF's draw sees them
     tokens = []  # (b,) per step
     for t in range(max_new_tokens):
         scores[rows] = logits
         s = procs(None, scores)
-        nxt = torch.multinomial(torch.softmax(s, -1), 1).squeeze(1) if temperature > 0 else s.argmax(-1)  # (b,)
+        nxt = pick(torch.softmax(s, -1)) if temperature > 0 else s.argmax(-1)  # (b,)
         nxt = nxt.masked_fill(done, pad_id)  # finished rows append padding, as in HF
         tokens.append(nxt)
         done |= torch.isin(nxt, eos)

@@ -52,7 +52,14 @@ from projected_grpo.method.direction import (
 )
 from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
 from projected_grpo.method.optim import RotatedAdam
-from projected_grpo.policy.adapter import adapters, adapters_disabled, knob_disabled, probes, token_capture
+from projected_grpo.policy.adapter import (
+    adapters,
+    adapters_disabled,
+    knob_disabled,
+    merged,
+    probes,
+    token_capture,
+)
 from projected_grpo.policy.checkpointing import activation_checkpointing
 from projected_grpo.policy.logprobs import padded, rollout_logprobs, shared_prompt_logprobs
 from projected_grpo.policy.model import render_prompt
@@ -77,21 +84,24 @@ def mixed_rollout(
 ) -> tuple[Rollout, list[bool]]:
     """G rows per prompt, contiguous: G − n_pool student samples (knob on) then n_pool teacher-pool rows.
 
-    Returns the rollout and a per-row flag `is_student`."""
+    Returns the rollout and a per-row flag `is_student`. The student samples from its adapters merged into plain
+    weights (`adapter.merged`: the same policy up to float rounding, without the adapters' two extra matmuls per
+    projection; a no-op for a bf16 base)."""
     r = p.rollout
     prompts = [render_prompt(tok, list(q.prompt)) for q in recs]
-    ro = generate(
-        model,
-        tok,
-        prompts,
-        group_size=G - n_pool,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        seed=seed,
-        batch_size=r.batch_size,  # rows per sampling call (null: all at once)
-        max_prompt_tokens=r.max_prompt_tokens,
-    )
+    with merged(model):
+        ro = generate(
+            model,
+            tok,
+            prompts,
+            group_size=G - n_pool,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            seed=seed,
+            batch_size=r.batch_size,  # rows per sampling call (null: all at once)
+            max_prompt_tokens=r.max_prompt_tokens,
+        )
     if n_pool == 0:
         return ro, [True] * len(ro.texts)
     pool_rows: list[PoolRow] = [row for q in recs for row in draw(pool, q.id, n_pool, rng)]
