@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS
+from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS, Arm
 from projected_grpo.report import win_rule as W
 from projected_grpo.report.results import FAMILIES, ordered_arms
 
@@ -29,7 +29,11 @@ def test_entry_is_consistent(name):
 
 def test_roles_and_lists():
     assert set(BASIS_FREE) == {"vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool"}
-    assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"}
+    oracle_gated = {"route_per_rollout_oracle", "route_two_sided_oracle", "route_full_oracle"}
+    assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"} | oracle_gated
+    assert {n for n, a in ARMS.items() if a.oracle_gate} == oracle_gated
+    with pytest.raises(ValueError, match="oracle gate"):  # an oracle gate must say so in its name
+        Arm("route_full_perfect", "route_full", gate="rollout", oracle_gate=True)
     assert all(ARMS[n].role == "candidate" for fam in FAMILIES.values() for n in fam)
     order = ordered_arms(["vanilla", "gt_only"], ["route_per_rollout_random", "measure_only", "route_per_rollout"])
     assert order == ["vanilla", "measure_only", "route_per_rollout", "route_per_rollout_random", "gt_only"]

@@ -52,6 +52,7 @@ from projected_grpo.rl.schedule import lr_at
 from projected_grpo.rl.train import (
     DEPLOY_SEED,
     STEP_PHASES,
+    Grads,
     deploy_prompts,
     label_auroc,
     live_gates,
@@ -67,7 +68,8 @@ from projected_grpo.rl.train import (
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
-ROUTING = [a for a, spec in ARMS.items() if spec.routes]
+ROUTING = [a for a, spec in ARMS.items() if spec.routes and not spec.oracle_gate]  # the no-cheat arms
+ORACLE_GATED = [a for a, spec in ARMS.items() if spec.oracle_gate]
 
 
 @dataclass(frozen=True)
@@ -814,6 +816,31 @@ def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     m_gate, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, G)
     m_all, _, _ = live_gates(arm, d, gr, adv, ro.mask, p.projection, 2 * G)
     assert torch.equal(m_gate[G:], torch.zeros(G)) and torch.equal(m_gate[:G], m_all[:G]) and m_all[G:].any()
+
+
+@pytest.mark.parametrize("arm", ORACLE_GATED)
+def test_oracle_gate_routes_exactly_the_hack_rows_and_reads_the_labels(world, tmp_path, arm):
+    """An oracle arm (issue 25's upper bound) routes a rollout iff the grader labels it hack and its advantage is
+    nonzero; deploy rows stay unrouted; its role is oracle (never wins). End to end, unlike every other routing arm
+    (test_no_cheat_routing_never_reads_labels), its parameters follow the labels: two graders with the same rewards
+    and different labels give different runs, and the knob learns."""
+    spec = get_arm(arm)
+    assert spec.role == "oracle" and spec.gate == "rollout"
+    G, N = 4, 8
+    d = Direction(tiny_params(), spec, RunBasis(world["basis"], cal=world["cal"]), list(world["basis"].vh), True, "t")
+    rows = {
+        n: torch.randn(N, v.shape[1], generator=torch.Generator().manual_seed(i))
+        for i, (n, v) in enumerate(world["basis"].vh.items())
+    }
+    gr = Grads(raw={}, rows=rows, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=None, stats={})
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.5, 0.5])
+    hack = torch.tensor([True, True, True, False, False, True, True, False])
+    m, _, _ = live_gates(spec, d, gr, adv, torch.ones(N, 3), tiny_params().projection, G, hack)
+    assert m.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # rows 4… are deploy rows; row 2 has A = 0
+    a = run(world, arm, tmp_path / "a", grader=fake_grader("x"))
+    b = run(world, arm, tmp_path / "b", grader=fake_grader("y"))
+    assert not same(a, b)
+    assert any(float(k.abs().max()) > 0 for _, k in a.values()), "hack rows were routed: the knob moved"
 
 
 def test_deploy_frac_end_to_end(world, tmp_path):

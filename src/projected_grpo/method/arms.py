@@ -36,6 +36,14 @@ class Arm:
     mass_matched: bool = False  # a control whose moved norm can be matched to v_hack's (projection.random_match)
     pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
     family: str | None = None  # the results.md comparison table the arm belongs to
+    # The per-rollout gate reads the grader's hack label instead of the held-out-calibrated score: an upper bound on
+    # what routing can do with a perfect gate. It breaks the no-cheat invariant on purpose, so the name carries
+    # "oracle" (role oracle: labelled so in every table, never eligible to win).
+    oracle_gate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.oracle_gate and (self.gate != "rollout" or "oracle" not in self.name):
+            raise ValueError(f"arm {self.name}: an oracle gate is a per-rollout gate on an arm named *oracle*")
 
     @property
     def routes(self) -> bool:
@@ -90,6 +98,10 @@ def _registry() -> dict[str, Arm]:
         ctl = f"{edit}_random"
         arms.append(Arm(edit, edit, gate=gate, control=ctl, family=family))
         arms.append(Arm(ctl, edit, gate=gate, random_dir=True, mass_matched=matchable, family=family))
+    # issue 25's upper bound: the per-rollout rules with a perfect gate (the grader's hack label), so the report
+    # separates "the gate fails" from "the routing mechanics fail"
+    for edit in ("route_per_rollout", "route_two_sided", "route_full"):
+        arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
     return {a.name: a for a in arms}
 
 

@@ -351,11 +351,13 @@ def loss_backward(
 
 
 def live_gates(
-    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj, n_on: int
+    arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj, n_on: int, hack: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(N,) per-rollout gates, (N, T) per-token gates (0 off the completion), and the live scores they came from (for
     the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat).
-    Rows from n_on on (deploy groups, knob off) get gate 0: their gradient reaches the main only."""
+    An oracle arm's per-rollout gate is instead `hack` ((N,) bool, the grader's label: an upper bound that reads
+    ground truth on purpose); its live scores are still the calibrated gate's, for the diagnostic. Rows from n_on on
+    (deploy groups, knob off) get gate 0: their gradient reaches the main only."""
     m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
@@ -364,6 +366,8 @@ def live_gates(
         else:  # s_n = cos(sign(A_n) g_n, ν)
             live = proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)
         m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
+        if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
+            m_gate = torch.where(adv == 0, 0.0, hack.to(m_gate))
     elif arm.gate == "token" and d.kept:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
         nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
         live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
@@ -642,7 +646,8 @@ def train(
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
         gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
-        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on)
+        hack = torch.tensor([x.label == "hack" for x in grades], device=dev) if arm.oracle_gate else None
+        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on, hack)  # oracle arms: the labels
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
         # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
