@@ -321,6 +321,44 @@ def test_loss_params_reach_the_loop_and_micro_batches_add_up(world, tmp_path, lo
     assert gap > 1e-2 * max(float(full[n][0].abs().max()) for n in full), "the loss params must change the update"
 
 
+def test_code_digest_follows_the_loaded_sources(tmp_path):
+    """A run's signature carries the digest of the package code it loaded, so a checkpoint written by other code is
+    never resumed: the digest changes with any byte of a loaded module under the root, ignores modules outside it and
+    modules not loaded, and prepare_run_dir wipes a run directory whose signature's digest differs."""
+    import importlib.util
+
+    from projected_grpo.rl.checkpoint import code_digest, prepare_run_dir, save_checkpoint
+    from projected_grpo.rl.train import run_signature
+
+    root = tmp_path / "pkg"
+    root.mkdir()
+
+    def load(name: str, text: str):
+        (root / f"{name}.py").write_text(text)
+        spec = importlib.util.spec_from_file_location(f"pkg_{name}", root / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    a, b = load("a", "X = 1\n"), load("b", "Y = 2\n")
+    outside = importlib.util.module_from_spec(importlib.util.spec_from_file_location("o", __file__))
+    d = code_digest(root, [a, b, outside])
+    assert d == code_digest(root, [b, a]) and len(d) == 16  # order-free; the module outside root is not hashed
+    assert code_digest(root, [a]) != d  # b not loaded: not in it
+    (root / "b.py").write_text("Y = 3\n")
+    assert code_digest(root, [a, b]) != d
+    assert "code" in run_signature(tiny_params(), get_arm("vanilla"), 41, None)
+    sig = {"arm": "vanilla", "code": d}
+    out = tmp_path / "run"
+    assert prepare_run_dir(out, sig) == 0
+    m = tiny_model(64)
+    attach_adapters(m, "all", 2)
+    opt = torch.optim.SGD([x.delta for x in adapters(m).values()], lr=0.1)
+    save_checkpoint(out, 10, m, opt)
+    assert prepare_run_dir(out, sig) == 10  # same code: resumes at its last checkpoint
+    assert prepare_run_dir(out, {**sig, "code": code_digest(root, [a, b])}) == 0  # other code: wiped, fresh
+
+
 def test_run_signature_keeps_old_checkpoints_resumable():
     """The keys added by issues 25 and 26 (the memory params too) stay out of a run's signature at their defaults (a
     run checkpointed before them resumes), and are in it otherwise (a changed loss never resumes another loss's

@@ -9,8 +9,11 @@ the loop itself carries from step to step (the current basis after a refresh, th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -20,6 +23,26 @@ from projected_grpo.policy.adapter import load_adapter, save_adapter
 
 def _stem(step: int) -> str:
     return f"step_{step:05d}"
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # src/projected_grpo
+
+
+def code_digest(root: Path = PACKAGE_ROOT, modules: Iterable | None = None) -> str:
+    """sha256 (16 hex digits) of the source of every module under `root` that this process has loaded (by default
+    sys.modules): part of a run's signature, so a run's checkpoints are resumed only by the code that wrote them. A
+    run directory is a persisted DVC output (kept across re-runs for resuming); without this, `dvc repro` after a
+    change to the trainer would find the old run's last checkpoint, "resume" at its final step and record the old
+    numbers against the new code."""
+    files = set()
+    for m in list(sys.modules.values()) if modules is None else modules:
+        f = getattr(m, "__file__", None)
+        if f and Path(f).suffix == ".py" and Path(f).resolve().is_relative_to(root):
+            files.add(Path(f).resolve())
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f"{f.relative_to(root)}\0".encode() + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def prepare_run_dir(out_dir: Path, signature: dict) -> int:

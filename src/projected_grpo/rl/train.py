@@ -65,6 +65,7 @@ from projected_grpo.policy.logprobs import padded, rollout_logprobs, shared_prom
 from projected_grpo.policy.model import render_prompt
 from projected_grpo.policy.rollout import Rollout, check_records_fit, concat_rollouts, generate, group_runs
 from projected_grpo.rl.checkpoint import (
+    code_digest,
     latest_step,
     load_checkpoint,
     prepare_run_dir,
@@ -675,7 +676,8 @@ def train(
 
 
 # Keys added after runs had been checkpointed (issues 25, 26), by section. At these values a run is the code before
-# them bit for bit, so they stay out of its signature and its checkpoints still resume; any other value is in it.
+# them bit for bit, so they stay out of its params signature; any other value is in it. (Whether a checkpoint written
+# by other code resumes is the signature's `code` digest's call: it does not.)
 SIGNATURE_DEFAULTS = {
     "model": {"device": "cpu", "dtype": "float32"},
     "grpo": {
@@ -692,7 +694,9 @@ SIGNATURE_DEFAULTS = {
 
 
 def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
-    """What a checkpoint directory must match to be resumed: the params the run reads and the basis it used."""
+    """What a checkpoint directory must match to be resumed: the params the run reads, the basis it used and the code
+    (`checkpoint.code_digest`: the package modules loaded when the signature is taken; a stage takes it after its
+    imports, so a resumed run compares the same modules)."""
     import dataclasses
 
     sections = ("seed", "substrate", "model", "adapter", "rollout", "grpo", "pool", "projection", "grader")
@@ -702,7 +706,7 @@ def run_signature(p, arm: Arm, seed: int, basis_dir: Path | None) -> dict:
     }
     for sec, new in SIGNATURE_DEFAULTS.items():
         sig[sec] = {k: v for k, v in sig[sec].items() if k not in new or v != new[k]}
-    sig.update(arm=arm.name, train_seed=seed)
+    sig.update(arm=arm.name, train_seed=seed, code=code_digest())
     if arm.reads_basis and basis_dir is not None:
         f = basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors")
         sig["basis_sha"] = hashlib.sha256(f.read_bytes()).hexdigest()[:16]
