@@ -5,6 +5,8 @@ LoRA arm, per-token capture, save/load and the SVD cache.
 `pytest tests/test_adapter.py`
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from projected_grpo.policy.adapter import (
     knob_on,
     load_adapter,
     probes,
+    row_masks,
     save_adapter,
     svd_factors,
     token_capture,
@@ -161,6 +164,42 @@ def test_I4_probe_is_the_per_sample_gradient(tok, kind):
             (dr_grpo_like_loss(lp, mk, adv[i : i + 1], l_max) / 3).backward()
         for n in es:
             torch.testing.assert_close(es[n].grad[i], e1[n].grad[0], atol=1e-12, rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_row_masks_run_each_row_in_its_state_and_split_the_gradient(tok, kind):
+    """Masked routing's forward (issue 25): under row_masks(main, knob) row n's log-probs are those of the policy
+    with the knob (knob_n = 1) or without it (knob_n = 0), and δS.grad = Σ_{main_n = 1} g_n, δS_h.grad =
+    Σ_{knob_n = 1} g_n, g_n = row n's gradient in its own state (each row computed alone); probes still give every
+    row's whole gradient."""
+    _, m = fresh(tok, kind)
+    randomize_(m)
+    ids, att, cm = batch(tok, n=3)
+    adv = torch.tensor([1.5, -0.5, -1.0], dtype=torch.float64)
+    main, knob = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 1.0, 1.0])  # unrouted, routed, ambiguous
+    with row_masks(m, main, knob), probes(m, 3) as es:
+        logp, mask = completion_logprobs(m, ids, att, cm, T_SAMPLE)
+        dr_grpo_like_loss(logp, mask, adv, 20).backward()
+    got = {n: (a.delta.grad.clone(), a.knob.grad.clone(), es[n].grad.clone()) for n, a in adapters(m).items()}
+    want = {n: [torch.zeros_like(a.delta), torch.zeros_like(a.delta)] for n, a in adapters(m).items()}
+    for i in range(3):
+        L = int(att[i].sum())
+        m.zero_grad()
+        state = knob_disabled(m) if knob[i] == 0 else contextlib.nullcontext()
+        with state:
+            lp, mk = completion_logprobs(m, ids[i : i + 1, :L], att[i : i + 1, :L], cm[i : i + 1, :L], T_SAMPLE)
+            (dr_grpo_like_loss(lp, mk, adv[i : i + 1], 20) / 3).backward()
+        torch.testing.assert_close(logp[i, : L - 1], lp[0], atol=1e-12, rtol=0)  # the row's own state
+        for n, a in adapters(m).items():
+            g = a.delta.grad  # the row's whole gradient in its state (δS and δS_h enter as a sum)
+            want[n][0] += main[i] * g
+            want[n][1] += knob[i] * g
+            torch.testing.assert_close(got[n][2][i], g, atol=1e-12, rtol=1e-9)
+    for n in want:
+        torch.testing.assert_close(got[n][0], want[n][0], atol=1e-12, rtol=1e-9)
+        torch.testing.assert_close(got[n][1], want[n][1], atol=1e-12, rtol=1e-9)
+    assert any(not torch.allclose(got[n][0], got[n][1]) for n in got), "the split must separate δS from δS_h"
+    assert all(a.row_main is None and a.row_knob is None for a in adapters(m).values())  # reset on exit
 
 
 def test_I4_no_leak_between_rows(tok):

@@ -2,6 +2,8 @@
 (train's rule dispatch, evaluation's knob states, the win rule's roles and controls, the report's families) reads
 it."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -29,7 +31,7 @@ def test_entry_is_consistent(name):
 
 def test_roles_and_lists():
     assert set(BASIS_FREE) == {"vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool"}
-    oracle_gated = {"route_per_rollout_oracle", "route_two_sided_oracle", "route_full_oracle"}
+    oracle_gated = {f"{r}_oracle" for r in ("route_per_rollout", "route_two_sided", "route_full", "route_masked")}
     assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"} | oracle_gated
     assert {n for n, a in ARMS.items() if a.oracle_gate} == oracle_gated
     with pytest.raises(ValueError, match="oracle gate"):  # an oracle gate must say so in its name
@@ -53,7 +55,11 @@ def test_every_rule_keeps_main_plus_knob_equal_to_g_for_routing():
         gate=torch.rand(N, T, generator=g, dtype=torch.float64),
         coef=torch.randn(N, T, k, generator=g, dtype=torch.float64),
     )
-    for name in {a.edit for a in ARMS.values()}:
+    # route_masked splits in the forward (adapter.row_masks): each part gets its own gradient, tail included
+    masked = dataclasses.replace(s, knob_x=torch.randn(r, generator=g, dtype=torch.float64))
+    main, knob = proj.apply_rule("route_masked", masked)
+    assert main is masked.x and knob is masked.knob_x and "route_masked" in proj.KNOB_TAIL
+    for name in {a.edit for a in ARMS.values()} - {"route_masked"}:
         inp = tok if ARMS[name].gate == "token" else s
         main, knob = proj.apply_rule(name, inp)
         assert main.shape == knob.shape == (r,), name

@@ -51,6 +51,12 @@ class Arm:
         return self.edit.startswith("route")
 
     @property
+    def masked(self) -> bool:
+        """Per-rollout forward masks (route_masked): the gate picks each rollout's forward state, and the loss runs
+        a second time in those states."""
+        return self.edit == "route_masked"
+
+    @property
     def knob_states(self) -> tuple[str, ...]:
         """Policies evaluated per checkpoint: the deployed one, plus the knob on where the arm routes."""
         return ("deploy", "knob_on") if self.routes else ("deploy",)
@@ -93,6 +99,9 @@ def _registry() -> dict[str, Arm]:
         # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full)
         ("route_two_sided", "rollout", ROUTE, True),
         ("route_full", "rollout", ROUTE, False),
+        # issue 25: per-rollout forward masks (adapter.row_masks): a routed rollout trains only the knob, an unrouted
+        # one only the main with the knob off (the deployed state), an ambiguous one both
+        ("route_masked", "rollout", ROUTE, False),
     ]
     for edit, gate, family, matchable in with_controls:
         ctl = f"{edit}_random"
@@ -100,7 +109,7 @@ def _registry() -> dict[str, Arm]:
         arms.append(Arm(ctl, edit, gate=gate, random_dir=True, mass_matched=matchable, family=family))
     # issue 25's upper bound: the per-rollout rules with a perfect gate (the grader's hack label), so the report
     # separates "the gate fails" from "the routing mechanics fail"
-    for edit in ("route_per_rollout", "route_two_sided", "route_full"):
+    for edit in ("route_per_rollout", "route_two_sided", "route_full", "route_masked"):
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
     return {a.name: a for a in arms}
 

@@ -134,7 +134,8 @@ ROLLOUT_RULES: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "route_two_sided": route_two_sided,
     "route_full": route_full,
 }
-KNOB_TAIL = ("route_full",)  # rules whose knob has coordinates outside span(Vh) (all others: the knob tail is 0)
+# rules whose knob has coordinates outside span(Vh) (all others: the knob tail is 0)
+KNOB_TAIL = ("route_full", "route_masked")
 
 
 def moved_norm(edit: str, alpha: Tensor, m: Tensor | None = None) -> float:
@@ -190,6 +191,7 @@ class ModuleGrads:
     gate: Tensor | None = None  # (N,) per-rollout gates, or (N, T) per-token gates (gate "token")
     coef: Tensor | None = None  # (N, T, k) per-token coefficients α_{n,t} (gate "token")
     own_tokens: bool = False  # x_n are own-token gradients (a shared prompt forward): they do not sum to x
+    knob_x: Tensor | None = None  # (r,) rotated δS_h gradient of a masked forward (route_masked: x is δS's)
 
 
 Rule = Callable[[ModuleGrads], tuple[Tensor, Tensor]]
@@ -208,6 +210,9 @@ RULES: dict[str, Rule] = {
     **{name: _batch_rule(name) for name in EDITS},
     **{name: _rollout_rule(f) for name, f in ROLLOUT_RULES.items()},
     "route_per_token": lambda s: route_per_token(s.coef, s.gate, s.x),
+    # the split happened in the forward (adapter.row_masks: routed rows train δS_h with δS detached, the others δS
+    # with the knob off), so each part takes its own gradient; main + knob is not one gradient g here
+    "route_masked": lambda s: (s.x, s.knob_x),
 }
 
 

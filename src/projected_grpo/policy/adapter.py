@@ -57,6 +57,8 @@ class Adapter(nn.Module):
         self.token_coef: Tensor | None = None  # (N, T, k) per-token coefficients <g_{n,t}, dirs_j>, set in backward
         self.token_sq: Tensor | None = None  # (N, T) per-token squared norms ‖g_{n,t}‖², set in the same hook
         self._knob_saved: Tensor | None = None  # the trained δS_h while the knob is off
+        self.row_main: Tensor | None = None  # (N,) 1 where row n's gradient reaches δS, 0: δS detached (`row_masks`)
+        self.row_knob: Tensor | None = None  # (N,) 1 where row n runs with the knob (and trains it), 0: knob off
 
     @property
     def dim(self) -> int:
@@ -66,7 +68,16 @@ class Adapter(nn.Module):
         y = self.base(x)
         if not self.enabled:
             return y
-        return y + self.correction(x, self.delta + self.knob)
+        return y + self.correction(x, self.coefficients())
+
+    def coefficients(self) -> Tensor:
+        """δS + δS_h, (D,); under `row_masks` per row, (N, 1, D): row n runs with δS (its gradient reaching δS
+        only where row_main is 1, else δS detached) plus δS_h where row_knob is 1 (and trains it), none elsewhere."""
+        if self.row_main is None:
+            return self.delta + self.knob
+        d = self.delta.detach()
+        main, knob = self.row_main[:, None, None].to(d.dtype), self.row_knob[:, None, None].to(d.dtype)
+        return d + main * (self.delta - d) + knob * self.knob  # (N, 1, D)
 
     def correction(self, x: Tensor, s: Tensor) -> Tensor:  # (N, T, d_in), (D,) -> (N, T, d_out)
         raise NotImplementedError
@@ -126,10 +137,13 @@ class LoRAAdapter(Adapter):
         xa = x @ self.A.T  # (N, T, r)
         xa = xa.to(torch.promote_types(xa.dtype, s.dtype))  # fp32 at least (δS is an fp32 master)
         d_out, r = self.base.out_features, self.A.shape[0]
-        B = s.to(xa.dtype).view(d_out, r)  # (d_out, r)
-        if self.probe is None:
-            out = xa @ B.T  # (N, T, d_out)
+        if s.dim() == 3:  # per-row coefficients (row_masks): row n's matrix B_n (+ E_n)
+            rows = s[:, 0].to(xa.dtype) + (0 if self.probe is None else self.probe.to(xa.dtype))  # (N, D)
+            out = torch.einsum("ntr,nor->nto", xa, rows.view(-1, d_out, r))
+        elif self.probe is None:
+            out = xa @ s.to(xa.dtype).view(d_out, r).T  # (N, T, d_out)
         else:  # per-row matrix B + E_n
+            B = s.to(xa.dtype).view(d_out, r)  # (d_out, r)
             out = torch.einsum("ntr,nor->nto", xa, B + self.probe.to(xa.dtype).view(-1, d_out, r))
         # per-token gradient on vec(B) is γ_t (A x_t)ᵀ; its coefficient on direction j is γ_tᵀ V_j (A x_t)
         dirs = None if self.token_dirs is None else self.token_dirs.to(xa.dtype).view(-1, d_out, r)  # (k, d_out, r)
@@ -318,6 +332,24 @@ def knob_disabled(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         knob_on(model)
+
+
+@contextmanager
+def row_masks(model: nn.Module, main: Tensor, knob: Tensor) -> Iterator[None]:
+    """Per-row forward masks for the next forward (and its backward) of N rows: row n runs with δS + δS_h where
+    knob[n] = 1, with δS alone where it is 0, and its gradient reaches δS only where main[n] = 1 (δS's value stays in
+    the forward either way) and δS_h only where knob[n] = 1. So δS.grad = Σ_n main_n g_n and
+    δS_h.grad = Σ_n knob_n g_n, each g_n the row's gradient in its own state: masked routing's routed rows train only
+    the knob (main detached), unrouted ones only the main in the deployed, knob-off state, ambiguous ones both (issue
+    25). Probes see each row's whole gradient in its state."""
+    ads = list(adapters(model).values())
+    for a in ads:
+        a.row_main, a.row_knob = main, knob
+    try:
+        yield
+    finally:
+        for a in ads:
+            a.row_main = a.row_knob = None
 
 
 # --- per-sample probes and per-token capture ------------------------------------------------------------------

@@ -58,6 +58,7 @@ from projected_grpo.policy.adapter import (
     knob_disabled,
     merged,
     probes,
+    row_masks,
     token_capture,
 )
 from projected_grpo.policy.checkpointing import activation_checkpointing
@@ -270,6 +271,7 @@ class Grads:
     tok_sq: Tensor | None  # (N, T) Σ_m ‖g_{m,n,t}‖²
     pooled: Tensor | None  # (N, d) completion-pooled residual stream (activation gate)
     stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
+    knob_raw: dict[str, Tensor] | None = None  # {m: (D_m,)} δS_h.grad of a masked forward (else it equals raw)
 
 
 def loss_backward(
@@ -284,13 +286,16 @@ def loss_backward(
     policy_runs: bool,
     timer: PhaseTimer,
     n_on: int,
+    masks: tuple[Tensor, Tensor] | None = None,
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
     were sampled. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
     <g_{n,t}, ν> and ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the
     residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
-    each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing)."""
+    each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing). masks: (N,) main
+    and knob row masks (`adapter.row_masks`, masked routing): each row runs in its own state, and δS_h.grad is kept
+    apart from δS.grad."""
     g, N = p.grpo, ro.completion_ids.shape[0]
     n_tokens = float(ro.mask.sum())  # the step's loss tokens: dapo's normalizer is the whole batch's, not a micro's
     per_token = arm.gate == "token"
@@ -306,7 +311,15 @@ def loss_backward(
         probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
         state = knob_disabled(model) if sl.start >= n_on else nullcontext()  # micro_batches: one state per slice
         ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
-        with state, ckpt, probe as es, token_capture(model, dirs) as caps, residual_capture(model, d.act_layer) as hid:
+        rows_in = row_masks(model, masks[0][sl], masks[1][sl]) if masks is not None else nullcontext()
+        with (
+            state,
+            ckpt,
+            rows_in,
+            probe as es,
+            token_capture(model, dirs) as caps,
+            residual_capture(model, d.act_layer) as hid,
+        ):
             with timer("forward"):
                 logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
@@ -341,14 +354,26 @@ def loss_backward(
     ads = adapters(model)
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
     return Grads(
-        raw={n: ads[n].delta.grad.detach().clone() for n in d.names},
+        raw={n: grad_or_zero(ads[n].delta) for n in d.names},
         rows={n: torch.cat(rows[n]) for n in d.names if rows[n]},
         tok_alpha={n: torch.cat(v) for n, v in tok_alpha.items() if v},
         tok_dot=cat(tok_dot),
         tok_sq=cat(tok_sq),
         pooled=cat(pooled),
         stats=stats,
+        knob_raw=None if masks is None else {n: grad_or_zero(ads[n].knob) for n in d.names},
     )
+
+
+def grad_or_zero(x: Tensor) -> Tensor:
+    return x.grad.detach().clone() if x.grad is not None else torch.zeros_like(x)
+
+
+def mask_states(m_gate: Tensor) -> tuple[Tensor, Tensor]:
+    """Masked routing's row states from the per-rollout gates: (main, knob), (N,) each. m = 0 (not routed, deploy
+    rows included): δS trains, knob off; m = 1 (routed): only δS_h trains, δS detached; 0 < m < 1 (ambiguous, the
+    soft band): both, knob on."""
+    return (m_gate < 1).to(m_gate.dtype), (m_gate > 0).to(m_gate.dtype)
 
 
 def live_gates(
@@ -397,6 +422,7 @@ def edit(
             m_gate if arm.gate == "rollout" else m_tok,
             gr.tok_alpha.get(n),
             own_tokens=d.own_tokens,
+            knob_x=opt.rotate({n: gr.knob_raw[n]})[n] if gr.knob_raw is not None else None,
         )
         main[n], knob[n] = proj.apply_rule(arm.edit, s)
         if n in mvh:  # mass-matched control: what the same rule moves along v_hack here (α along v_hack)
@@ -588,8 +614,9 @@ def train(
     # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
     # rollout's own-token gradient (its completion positions; the group's shared prompt positions stay in main), and
     # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
-    # activation gate index full-length rows, so they keep every row's own prompt copy.
-    policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm)
+    # activation gate index full-length rows, so they keep every row's own prompt copy, as does masked routing (the
+    # rows of one group run in different states).
+    policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm) and not arm.masked
     step_preflight(model, p, arm, policy_runs)  # one step's peak device memory; stops on CUDA if it will not fit
     ads = adapters(model)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
@@ -649,6 +676,8 @@ def train(
         gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
         hack = torch.tensor([x.label == "hack" for x in grades], device=dev) if arm.oracle_gate else None
         m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on, hack)  # oracle arms: the labels
+        if arm.masked:  # the loss again, each rollout in the state its gate picked (adapter.row_masks)
+            gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on, mask_states(m_gate))
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
         # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
