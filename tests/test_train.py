@@ -49,6 +49,7 @@ from projected_grpo.policy.adapter import adapters, attach_adapters, knob_disabl
 from projected_grpo.policy.logprobs import padded
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.rl.checkpoint import read_checkpoint
+from projected_grpo.rl.heal import heal_batches, retain_heal
 from projected_grpo.rl.pool import PoolRow
 from projected_grpo.rl.schedule import lr_at
 from projected_grpo.rl.train import (
@@ -400,13 +401,15 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_per_rollout", "shared"),
     ("route_full", "deploy"),
     ("route_per_token", "deploy"),
+    ("route_masked", "heal"),
 ]
 
 
 @pytest.mark.parametrize("arm,variant", NO_CHEAT)
 def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     """Same rewards, different ground-truth labels and pass flags: a routing arm's parameters are bitwise equal,
-    also when the basis is refreshed mid-run (held-out extraction pairs only) and with the activation-space gate.
+    also when the basis is refreshed mid-run (held-out extraction pairs only), with the activation-space gate and
+    after a retain heal (the pairs' clean completions only).
 
     Every logged quantity but the label-derived ones is equal too (gate, thresholds, calibration interval, span
     norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
@@ -416,6 +419,8 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
         if "refresh" in variant
         else {"deploy_frac": 0.5}
         if "deploy" in variant
+        else {"heal_steps": 2}
+        if "heal" in variant
         else None,
         basis={"space": "act"} if "act" in variant else None,
         share_prompt="shared" in variant,
@@ -933,6 +938,55 @@ def test_masked_routing_end_to_end(world, tmp_path):
     )
     c = run(world, "route_masked", tmp_path / "c", p=tiny_params(projection={"deploy_frac": 0.5}))
     assert not same(a, c)
+
+
+def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):
+    """rl/heal.py: Adam steps on δS only lower the mean NLL of the extraction pairs' clean completions; δS_h is
+    bit-for-bit untouched and restored; the knob's value does not enter (a large knob gives the same heal); the batches
+    cycle through the pairs in order."""
+    assert heal_batches(5, 3, 2) == [[0, 1], [2, 3], [4, 0]] and heal_batches(2, 1, 8) == [[0, 1]]
+    tok, ex = world["tok"], world["ex"]
+
+    def healed(knob_scale: float):
+        torch.manual_seed(0)
+        m = tiny_model(len(tok))
+        attach_adapters(m, "all", 4)
+        with torch.no_grad():
+            for i, a in enumerate(adapters(m).values()):
+                a.knob.copy_(knob_scale * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+        knob0 = {n: a.knob.detach().clone() for n, a in adapters(m).items()}
+        nll = retain_heal(m, tok, ex, 12, 0.05, 4, 0.7)
+        assert all(torch.equal(a.knob, knob0[n]) for n, a in adapters(m).items())
+        return nll, {n: a.delta.detach().clone() for n, a in adapters(m).items()}
+
+    nll, d = healed(0.5)
+    assert nll[-1] < nll[0] and len(nll) == 12
+    assert any(float(x.abs().max()) > 0 for x in d.values())
+    nll2, d2 = healed(3.0)
+    assert nll2 == nll and all(torch.equal(d[n], d2[n]) for n in d)  # knob off: its value never enters
+
+
+def test_retain_heal_end_to_end_heals_the_final_checkpoint_once(world, tmp_path):
+    """projection.heal_steps > 0 on a routing arm: only the final checkpoint changes (earlier ones and the knob are as
+    without heal), its heal NLLs are reported and stored, and re-running the finished run heals nothing again. An arm
+    without a knob ignores it."""
+    p0, p = tiny_params(), tiny_params(projection={"heal_steps": 4, "heal_lr": 0.05})
+    plain = run(world, "route_full", tmp_path / "plain", p=p0)
+    res: dict = {}
+    healed = run(world, "route_full", tmp_path / "heal", p=p, result=res)
+    assert res["heal_nll_last"] < res["heal_nll_first"]
+    assert all(torch.equal(plain[n][1], healed[n][1]) for n in plain)  # the knob is untouched
+    assert any(not torch.equal(plain[n][0], healed[n][0]) for n in plain)  # the main is healed
+    steps = p.grpo.steps
+    for s_ in range(steps):  # every checkpoint before the last is the unhealed run's
+        for f in (tmp_path / "plain" / "ckpt").glob(f"step_{s_:05d}.safetensors"):
+            assert f.read_bytes() == (tmp_path / "heal" / "ckpt" / f.name).read_bytes()
+    final = tmp_path / "heal" / "ckpt" / f"step_{steps:05d}.safetensors"
+    before = final.read_bytes()
+    again: dict = {}
+    run(world, "route_full", tmp_path / "heal", p=p, result=again)  # resumes at the end: no second heal
+    assert final.read_bytes() == before and again["heal_nll_first"] == res["heal_nll_first"]
+    assert same(run(world, "vanilla", tmp_path / "v", p=p), run(world, "vanilla", tmp_path / "v0", p=p0))
 
 
 def test_deploy_frac_end_to_end(world, tmp_path):

@@ -388,8 +388,16 @@ class ProjectionParams:
     # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
     # arms only; arms without a knob ignore it (knob off is their trained state). 0 = every group knob on.
     deploy_frac: float = 0.0
+    # Retain heal (issue 25; 0 = off, the default until it wins): after the last GRPO step, this many Adam steps of NLL
+    # on the clean completions of the held-out extraction pairs, knob off, main δS only (rl/heal.py), at heal_lr with
+    # heal_batch completions a step; the final checkpoint is the healed policy. Arms with a knob only.
+    heal_steps: int = 0
+    heal_lr: float = 1.0e-3
+    heal_batch: int = 8
 
     def __post_init__(self) -> None:
+        if self.heal_steps < 0 or self.heal_lr <= 0 or self.heal_batch < 1:
+            raise ValueError("projection: need heal_steps >= 0 (0 = off), heal_lr > 0 and heal_batch >= 1")
         if not 0 <= self.deploy_frac < 1:
             raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
         if self.random_match not in ("mass", "rank"):

@@ -59,6 +59,11 @@ def refreshes(p, arm: Arm) -> bool:
     return arm.reads_basis and p.projection.refresh_every > 0
 
 
+def heals(p, arm: Arm) -> bool:
+    """Retain heal after training (projection.heal_steps > 0): arms with a knob, whose deletion it repairs."""
+    return arm.routes and p.projection.heal_steps > 0
+
+
 def mass_matched(p, arm: Arm) -> bool:
     """A random-direction control whose moved mass is matched to v_hack's (projection.random_match=mass). Not
     route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
@@ -73,14 +78,15 @@ def act_gated(p, arm: Arm) -> bool:
 
 def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldOutPairs | None, HeldOutPairs | None]:
     """(calibration, extraction) pairs of `basis.pairset` that `arm` reads, None where it reads none: calibration for
-    gated routing; extraction (restricted to basis.modes, as in the basis stage) when the basis is refreshed."""
+    gated routing; extraction (restricted to basis.modes, as in the basis stage) when the basis is refreshed or the
+    run ends with a retain heal (its clean completions)."""
 
     def side(split: str, modes) -> HeldOutPairs:
         ps = select_pairs(pairs, split, modes)
         return HeldOutPairs(pair_records(ps, holdout), [q.hack for q in ps], [q.clean for q in ps])
 
     cal = side("calibrate", None) if arm.gate is not None else None
-    ex = side("extract", p.basis.modes) if refreshes(p, arm) else None
+    ex = side("extract", p.basis.modes) if refreshes(p, arm) or heals(p, arm) else None
     return cal, ex
 
 
@@ -95,9 +101,9 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
     act = Basis.load(basis_dir / "act.safetensors") if act_gated(p, arm) else None
     matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
     cal = ex = None
-    if arm.gate is not None or refreshes(p, arm):
+    if arm.gate is not None or refreshes(p, arm) or heals(p, arm):
         if pairsets is None:
-            raise ValueError(f"arm {arm.name} reads held-out pairs (gate calibration or refresh): pass --pairsets")
+            raise ValueError(f"arm {arm.name} reads held-out pairs (gate calibration, refresh, heal): pass --pairsets")
         holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
         cal, ex = held_out_pairs(p, arm, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
     return RunBasis(b, act, matched, cal, ex)
@@ -109,8 +115,10 @@ def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
         raise ValueError(f"arm {arm.name} needs a basis (run the basis stage)")
     if arm.gate is not None and rb.cal is None:
         raise ValueError(f"arm {arm.name} calibrates its gate on held-out pairs: pass `cal` (stage: --pairsets)")
-    if refreshes(p, arm) and rb.extraction is None:
-        raise ValueError("projection.refresh_every > 0 re-extracts v_hack: pass the extraction pairs (--pairsets)")
+    if (refreshes(p, arm) or heals(p, arm)) and rb.extraction is None:
+        raise ValueError(
+            "projection.refresh_every > 0 or heal_steps > 0 reads the extraction pairs: pass them (--pairsets)"
+        )
     if mass_matched(p, arm) and rb.matched is None:
         raise ValueError(f"{arm.name} with projection.random_match=mass needs v_hack: pass `matched` (stage: --basis)")
     if p.basis.space == "act" and arm.gate == "token":

@@ -126,6 +126,11 @@ class RotatedAdam:
             return self.R[n] @ x  # back to δS coordinates: plain Adam sees g' = R x
         return x
 
+    @torch.no_grad()
+    def resync_main(self) -> None:
+        """θ ← Rᵀ δS after δS changed outside the optimizer (retain heal), so a saved state rewrites the same δS."""
+        self.coords["main"] = {n: self._to_coords(n, p.detach()) for n, p in self.params["main"].items()}
+
     # --- a refreshed basis ------------------------------------------------------------------------------------
 
     @torch.no_grad()

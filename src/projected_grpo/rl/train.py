@@ -47,6 +47,7 @@ from projected_grpo.method.direction import (
     RunBasis,
     act_gated,
     check_run_basis,
+    heals,
     mass_matched,
     refreshes,
 )
@@ -74,6 +75,7 @@ from projected_grpo.rl.checkpoint import (
     save_checkpoint,
 )
 from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.heal import retain_heal
 from projected_grpo.rl.memory import preflight
 from projected_grpo.rl.pool import PoolRow, draw
 from projected_grpo.rl.schedule import lr_at
@@ -701,7 +703,24 @@ def train(
             pbar.set_postfix_str(line.split("| ", 1)[-1])
         if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
             save_checkpoint(out_dir, step + 1, model, opt, d.checkpoint())
-    return {"steps": latest_step(out_dir) or 0, **d.result()}
+    healed = heal_once(p, arm, model, tok, rb, out_dir, opt, d)
+    return {"steps": latest_step(out_dir) or 0, **d.result(), **healed}
+
+
+def heal_once(p, arm: Arm, model, tok, rb: RunBasis, out_dir: Path, opt, d) -> dict:
+    """Retain heal of a finished run (projection.heal_steps, rl/heal.py), once: the final checkpoint is rewritten as
+    the healed policy and marked with the heal's first and last NLL, so a resumed or re-run stage does not heal twice
+    and reports the same numbers. Returns {"heal_nll_first", "heal_nll_last"} for a healed run, else {}."""
+    pj, last = p.projection, latest_step(out_dir)
+    if not heals(p, arm) or last != p.grpo.steps:
+        return {}
+    done = read_checkpoint(out_dir, last).get("heal_nll")
+    if done is None:
+        nll = retain_heal(model, tok, rb.extraction, pj.heal_steps, pj.heal_lr, pj.heal_batch, p.rollout.temperature)
+        opt.resync_main()  # θ = Rᵀ δS of the healed δS: a load of this checkpoint rewrites the healed δS
+        done = [nll[0], nll[-1]]
+        save_checkpoint(out_dir, last, model, opt, {**d.checkpoint(), "heal_nll": done})
+    return {"heal_nll_first": done[0], "heal_nll_last": done[1]}
 
 
 # Keys added after runs had been checkpointed (issues 25, 26), by section. At these values a run is the code before
@@ -718,7 +737,7 @@ SIGNATURE_DEFAULTS = {
         "grad_checkpointing": False,
     },
     "rollout": {"batch_size": None},
-    "projection": {"deploy_frac": 0.0},
+    "projection": {"deploy_frac": 0.0, "heal_steps": 0, "heal_lr": 1.0e-3, "heal_batch": 8},
 }
 
 
@@ -771,5 +790,6 @@ def summarize_log(rows: list[dict[str, float]], last: int = 5) -> dict[str, floa
 
 def run_flags(result: dict) -> dict:
     """The flags of train()'s result that go into the run's final metrics: `gate_uninformative` for gated arms (true:
-    some gate calibration's AUROC interval contained 0.5; null: unknown, resumed from a pre-guard checkpoint)."""
-    return {k: result[k] for k in ("gate_uninformative",) if k in result}
+    some gate calibration's AUROC interval contained 0.5; null: unknown, resumed from a pre-guard checkpoint), and a
+    healed run's first and last heal NLL (projection.heal_steps)."""
+    return {k: result[k] for k in ("gate_uninformative", "heal_nll_first", "heal_nll_last") if k in result}
