@@ -137,14 +137,12 @@ class LoRAAdapter(Adapter):
         xa = x @ self.A.T  # (N, T, r)
         xa = xa.to(torch.promote_types(xa.dtype, s.dtype))  # fp32 at least (δS is an fp32 master)
         d_out, r = self.base.out_features, self.A.shape[0]
-        if s.dim() == 3:  # per-row coefficients (row_masks): row n's matrix B_n (+ E_n)
-            rows = s[:, 0].to(xa.dtype) + (0 if self.probe is None else self.probe.to(xa.dtype))  # (N, D)
-            out = torch.einsum("ntr,nor->nto", xa, rows.view(-1, d_out, r))
-        elif self.probe is None:
+        if s.dim() == 1 and self.probe is None:
             out = xa @ s.to(xa.dtype).view(d_out, r).T  # (N, T, d_out)
-        else:  # per-row matrix B + E_n
-            B = s.to(xa.dtype).view(d_out, r)  # (d_out, r)
-            out = torch.einsum("ntr,nor->nto", xa, B + self.probe.to(xa.dtype).view(-1, d_out, r))
+        else:  # per-row matrices B_n (+ E_n): a probe, or per-row coefficients (row_masks, s of shape (N, 1, D))
+            rows = (s if s.dim() == 1 else s[:, 0]).to(xa.dtype)
+            rows = rows + (0 if self.probe is None else self.probe.to(xa.dtype))  # (N, D)
+            out = torch.einsum("ntr,nor->nto", xa, rows.view(-1, d_out, r))
         # per-token gradient on vec(B) is γ_t (A x_t)ᵀ; its coefficient on direction j is γ_tᵀ V_j (A x_t)
         dirs = None if self.token_dirs is None else self.token_dirs.to(xa.dtype).view(-1, d_out, r)  # (k, d_out, r)
         self._capture(
