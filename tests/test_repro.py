@@ -41,7 +41,7 @@ def test_to_run_is_what_dvc_repro_would_run():
 class Recorder:
     """A fake stage runner: sleeps, records start/end order and the largest number running at once."""
 
-    def __init__(self, fail: set[str] = frozenset(), dt: float = 0.02):
+    def __init__(self, fail: set[str] = frozenset(), dt: float = 0.1):
         self.lock, self.now, self.peak, self.fail, self.dt = threading.Lock(), 0, 0, fail, dt
         self.start: dict[str, int] = {}
         self.end: dict[str, int] = {}
@@ -78,8 +78,27 @@ def test_run_stages_runs_only_todo_and_ignores_done_upstream():
     assert set(rec.start) == todo and rec.end["train@a"] < rec.start["evaluate@a"] < rec.start["report"]
 
 
+class FailsFirst(Recorder):
+    """train@a fails at once; train@b, running beside it, ends only well after train@a has returned (so the order
+    does not depend on the machine's load: a busy CI once let train@b finish first, which legitimately starts
+    evaluate@b)."""
+
+    def __init__(self):
+        super().__init__(fail={"train@a"}, dt=0.0)
+        self.a_done = threading.Event()
+
+    def __call__(self, stage: str) -> int:
+        if stage == "train@b":
+            assert self.a_done.wait(timeout=30), "train@a never ended"
+            time.sleep(0.2)  # train@a's result reaches the scheduler first
+        status = super().__call__(stage)
+        if stage == "train@a":
+            self.a_done.set()
+        return status
+
+
 def test_a_failure_starts_nothing_new_and_is_reported():
-    rec = Recorder(fail={"train@a"}, dt=0.05)
+    rec = FailsFirst()
     failed = run_stages(DEPS, set(DEPS), 2, rec)
     assert failed == ["train@a"]
     assert "evaluate@a" not in rec.start and "report" not in rec.start
