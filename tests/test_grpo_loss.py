@@ -28,7 +28,7 @@ import torch
 from torch.testing import assert_close
 
 from projected_grpo.config import LOSSES
-from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss, main_row_advantages
 
 TRL_PIN = "1.16.0"  # keep equal to the dev-extra pin in pyproject.toml
 F64 = torch.float64
@@ -394,3 +394,28 @@ def test_loss_rejects_bad_inputs():
         grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8, loss_type="bnpo")
     with pytest.raises(ValueError, match="shapes"):
         grpo_loss(logp, old_logp, ref_logp, adv[:-1], mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_main_row_advantages_compare_main_rows_with_each_other(scale):
+    """Masked routing's main_rows baseline: each group's main rows are centred on their own mean (with scale: divided
+    by their own std), routed rows keep the whole group's advantage, NaN rewards stay 0, and with every row a main row
+    it is group_advantages. The group baseline instead gives the main a negative sum whenever routed rows earn more
+    (the trap it fixes)."""
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, float("nan")])  # two groups of 4
+    main = torch.tensor([False, True, True, True, True, False, True, True])
+    a = main_row_advantages(r, main, 4, scale)
+    grp = group_advantages(r, 4, scale)
+    assert_close(a[~main], grp[~main])
+    own = torch.tensor([1.0, 0.0, 1.0]) - 2 / 3  # group 0's main rows, their own mean
+    if scale:
+        own = own / (own.pow(2).sum() / 2).sqrt().add(1e-4)
+    assert_close(a[1:4], own)
+    own1 = torch.tensor([-0.5, 0.5])  # group 1's scored main rows 4, 6; row 7's NaN reward -> 0
+    if scale:
+        own1 = own1 / (own1.pow(2).sum() / 1).sqrt().add(1e-4)
+    assert_close(a[4:8], torch.tensor([float(own1[0]), float(grp[5]), float(own1[1]), 0.0]))
+    for g in range(2):
+        assert abs(float(a[4 * g : 4 * g + 4][main[4 * g : 4 * g + 4]].sum())) < 1e-6
+    assert float(grp[:4][main[:4]].sum()) < -0.1  # the group baseline: routed row 0 earned more than its group's mean
+    assert_close(main_row_advantages(r, torch.ones(8, dtype=torch.bool), 4, scale), grp)

@@ -402,6 +402,7 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_full", "deploy"),
     ("route_per_token", "deploy"),
     ("route_masked", "heal"),
+    ("route_masked", "main_rows"),
 ]
 
 
@@ -421,6 +422,8 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
         if "deploy" in variant
         else {"heal_steps": 2}
         if "heal" in variant
+        else {"main_baseline": "main_rows"}
+        if "main_rows" in variant
         else None,
         basis={"space": "act"} if "act" in variant else None,
         share_prompt="shared" in variant,
@@ -794,6 +797,7 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
         ("token_window", 0),
         ("deploy_frac", 1.0),
         ("deploy_frac", -0.1),
+        ("main_baseline", "unrouted"),
     ],
 )
 def test_projection_params_validated(field, value):
@@ -938,6 +942,20 @@ def test_masked_routing_end_to_end(world, tmp_path):
     )
     c = run(world, "route_masked", tmp_path / "c", p=tiny_params(projection={"deploy_frac": 0.5}))
     assert not same(a, c)
+
+
+def test_main_rows_baseline_end_to_end(world, tmp_path):
+    """projection.main_baseline=main_rows: the masked pass's main rows sum to zero advantage (adv_main = 0 each step,
+    while the group baseline logs its own sum), the run is deterministic and differs from the group baseline's; arms
+    without row masks ignore it (bitwise the same run)."""
+    p = tiny_params(projection={"main_baseline": "main_rows"})
+    a = run(world, "route_masked_oracle", tmp_path / "a", p=p)
+    assert same(a, run(world, "route_masked_oracle", tmp_path / "b", p=p))
+    assert log_column(tmp_path / "a", "adv_main") == pytest.approx([0.0] * tiny_params().grpo.steps, abs=1e-6)
+    g = run(world, "route_masked_oracle", tmp_path / "g")
+    assert not same(a, g) and any(abs(x) > 1e-3 for x in log_column(tmp_path / "g", "adv_main"))
+    assert same(run(world, "route_full", tmp_path / "f", p=p), run(world, "route_full", tmp_path / "f0"))
+    assert "adv_main" not in log_columns(tmp_path / "f")
 
 
 def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):

@@ -388,6 +388,10 @@ class ProjectionParams:
     # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
     # arms only; arms without a knob ignore it (knob off is their trained state). 0 = every group knob on.
     deploy_frac: float = 0.0
+    # Masked routing's advantages for the rows the main trains (gate m < 1): group = the whole group's mean (routed
+    # rows included), main_rows = the mean of the group's main rows only (routed rows keep the group baseline). Other
+    # arms ignore it.
+    main_baseline: str = "group"
     # Retain heal (issue 25; 0 = off, the default until it wins): after the last GRPO step, this many Adam steps of NLL
     # on the clean completions of the held-out extraction pairs, knob off, main δS only (rl/heal.py), at heal_lr with
     # heal_batch completions a step; the final checkpoint is the healed policy. Arms with a knob only.
@@ -400,6 +404,8 @@ class ProjectionParams:
             raise ValueError("projection: need heal_steps >= 0 (0 = off), heal_lr > 0 and heal_batch >= 1")
         if not 0 <= self.deploy_frac < 1:
             raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
+        if self.main_baseline not in ("group", "main_rows"):
+            raise ValueError(f"projection.main_baseline must be group or main_rows, got {self.main_baseline!r}")
         if self.random_match not in ("mass", "rank"):
             raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
         if self.band not in ("soft", "half", "tail"):

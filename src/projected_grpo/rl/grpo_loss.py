@@ -40,6 +40,14 @@ def group_advantages(rewards: Tensor, group_size: int, scale: bool = False, eps:
     return torch.nan_to_num(adv, nan=0.0).view(-1)  # (B,)
 
 
+def main_row_advantages(rewards: Tensor, main_rows: Tensor, group_size: int, scale: bool = False) -> Tensor:
+    """Masked routing with projection.main_baseline=main_rows: a row the main trains (main_rows, (B,) bool) is compared
+    with its group's main rows only (their advantages sum to 0 per group); any other row (routed: the knob's) keeps the
+    whole group's `group_advantages`. (B,) -> (B,)."""
+    own = group_advantages(torch.where(main_rows, rewards, torch.full_like(rewards, float("nan"))), group_size, scale)
+    return torch.where(main_rows, own, group_advantages(rewards, group_size, scale))
+
+
 def grpo_loss(
     logp: Tensor,  # (B, T) policy log-probs of the sampled tokens, with grad
     old_logp: Tensor,  # (B, T) log-probs of the sampling policy (no grad)

@@ -74,7 +74,7 @@ from projected_grpo.rl.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss
+from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss, main_row_advantages
 from projected_grpo.rl.heal import retain_heal
 from projected_grpo.rl.memory import preflight
 from projected_grpo.rl.pool import PoolRow, draw
@@ -378,6 +378,13 @@ def mask_states(m_gate: Tensor) -> tuple[Tensor, Tensor]:
     return (m_gate < 1).to(m_gate.dtype), (m_gate > 0).to(m_gate.dtype)
 
 
+def masked_advantages(rewards: Tensor, adv: Tensor, main_rows: Tensor, G: int, baseline: str, scale: bool) -> Tensor:
+    """The masked pass's advantages (projection.main_baseline): the step's `adv` (group), or each main row (m < 1)
+    against its group's main rows only (main_rows; routed rows keep `adv`). Logged as adv_main = Σ over main rows / N:
+    below 0, the main is pushed down on what it sampled."""
+    return adv if baseline == "group" else main_row_advantages(rewards, main_rows, G, scale)
+
+
 def live_gates(
     arm: Arm, d: Direction, gr: Grads, adv: Tensor, mask: Tensor, pj, n_on: int, hack: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -679,7 +686,9 @@ def train(
         hack = torch.tensor([x.label == "hack" for x in grades], device=dev) if arm.oracle_gate else None
         m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on, hack)  # oracle arms: the labels
         if arm.masked:  # the loss again, each rollout in the state its gate picked (adapter.row_masks)
-            gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on, mask_states(m_gate))
+            states = mask_states(m_gate)
+            adv_m = masked_advantages(rewards, adv, states[0] > 0, G, pj.main_baseline, g.scale_rewards == "group")
+            gr = loss_backward(model, ro, refs, adv_m, mbs, p, arm, d, policy_runs, timer, n_on, states)
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
         # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
@@ -693,6 +702,7 @@ def train(
             **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G, n_on),
             **diag,
             **post,
+            **({"adv_main": float(adv_m[states[0] > 0].sum() / len(adv))} if arm.masked else {}),
             **ostats,
             "n_pool": n_pool,
             "dt": time.perf_counter() - t0,
@@ -737,7 +747,7 @@ SIGNATURE_DEFAULTS = {
         "grad_checkpointing": False,
     },
     "rollout": {"batch_size": None},
-    "projection": {"deploy_frac": 0.0, "heal_steps": 0, "heal_lr": 1.0e-3, "heal_batch": 8},
+    "projection": {"deploy_frac": 0.0, "main_baseline": "group", "heal_steps": 0, "heal_lr": 1.0e-3, "heal_batch": 8},
 }
 
 
