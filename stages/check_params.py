@@ -12,7 +12,7 @@ import typer
 
 from projected_grpo.common.cli import stage_app
 from projected_grpo.config import check_params
-from projected_grpo.method.arms import check_matrix
+from projected_grpo.method.arms import check_matrix, get_arm
 
 STAMP = "params.yaml passed stages/check_params.py\n"  # constant: downstream stages never re-run because of it
 
@@ -23,6 +23,8 @@ def main(
 ) -> None:
     p = check_params(params)
     check_matrix(p.arms_ref, p.arms)  # names from the arms' registry, each in its list
+    for name in (*p.arms_ref, *p.arms):
+        get_arm(name).params(p)  # a variant arm's overrides give valid params
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(STAMP)
     typer.echo(f"check_params: {params} is valid ({len(p.arms_ref) + len(p.arms)} arms x {len(p.seeds)} seeds)")

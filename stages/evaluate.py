@@ -35,7 +35,8 @@ def main(
     timings: Path = typer.Option(None, help="Wall times of sampling / grading (JSON; a plain log, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
-    p, a = load_params(params), get_arm(arm)
+    a = get_arm(arm)
+    p = a.params(load_params(params))  # params.yaml's, with the arm's overrides (a variant arm)
     e, steps = p.eval, final_checkpoints(run, p.grpo.steps, a, basis)  # fails before any work
     torch.set_num_threads(e.threads)
     base = json.loads((eval_sets / "base.json").read_text())

@@ -1,4 +1,5 @@
-"""Stage `report`: reports/results.md, reports/metrics.json and reports/figures/ from the evaluation outputs.
+"""Stage `report`: reports/results.md, reports/routing.md, reports/metrics.json and reports/figures/ from the
+evaluation outputs.
 
 The run list comes from params (arms_ref × seeds, arms × seeds), never a glob; a run without evaluation output is
 listed as missing and its tables are left out. Adds the distillation cosine probe (T1–T4, all from the probe stage;
@@ -19,6 +20,7 @@ from projected_grpo.common.cli import stage_app
 from projected_grpo.config import load_params
 from projected_grpo.report import results as R
 from projected_grpo.report.figures import plot_dynamics, plot_endpoints
+from projected_grpo.report.routing import render as render_routing
 
 GUARD_HELP = (
     'Basis guard JSON: {"informative": bool, "line": str (the reason)} or {"beats_placebo": bool, "beats_random": '
@@ -35,6 +37,7 @@ def main(
     out: Path = typer.Option(..., help="results.md to write."),
     metrics: Path = typer.Option(..., help="metrics.json to write."),
     figures: Path = typer.Option(..., help="Directory for the figures."),
+    routing: Path = typer.Option(..., help="routing.md to write: the routed arms seed by seed (report/routing.py)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (arms_ref, arms, seeds, eval)."),
     basis_guard: Path = typer.Option(None, help=GUARD_HELP),
 ) -> None:
@@ -51,10 +54,12 @@ def main(
     rel = [os.path.relpath(f, out.parent) for f in figs]
     atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, found.gates))
     atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))
+    order = R.ordered_arms(list(p.arms_ref), list(p.arms))
+    atomic.write_text(routing, render_routing(runs, order, found.effects, line))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 
 
-app = stage_app(main, outputs=("out", "metrics"))
+app = stage_app(main, outputs=("out", "metrics", "routing"))
 
 if __name__ == "__main__":
     app()

@@ -38,7 +38,8 @@ def main(
     pairsets: Path = typer.Option(None, help="Pair-set root (gate calibration, basis refresh)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
-    p, a = load_params(params), get_arm(arm)
+    a = get_arm(arm)
+    p = a.params(load_params(params))  # params.yaml's, with the arm's overrides (a variant arm)
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
     rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast

@@ -17,6 +17,7 @@ from projected_grpo.policy.adapter import (
     adapters,
     adapters_disabled,
     attach_adapters,
+    delta_weight,
     knob_disabled,
     knob_off,
     knob_on,
@@ -39,11 +40,11 @@ def tok():
     return tiny_tokenizer()
 
 
-def fresh(tok, kind="svd", rank=6, targets="all", seed=0):
+def fresh(tok, kind="svd", rank=6, targets="all", seed=0, separate=False):
     """(base fp64 model, adapted fp64 model with fp64 δS masters): same weights."""
     base = tiny_model(len(tok), seed=seed).double()
     m = tiny_model(len(tok), seed=seed).double()
-    attach_adapters(m, targets, rank, kind, param_dtype=torch.float64)
+    attach_adapters(m, targets, rank, kind, param_dtype=torch.float64, separate=separate)
     return base, m
 
 
@@ -167,12 +168,13 @@ def test_I4_probe_is_the_per_sample_gradient(tok, kind):
 
 
 @pytest.mark.parametrize("kind", ["svd", "lora"])
-def test_row_masks_run_each_row_in_its_state_and_split_the_gradient(tok, kind):
+@pytest.mark.parametrize("separate", [False, True])
+def test_row_masks_run_each_row_in_its_state_and_split_the_gradient(tok, kind, separate):
     """Masked routing's forward (issue 25): under row_masks(main, knob) row n's log-probs are those of the policy
     with the knob (knob_n = 1) or without it (knob_n = 0), and δS.grad = Σ_{main_n = 1} g_n, δS_h.grad =
-    Σ_{knob_n = 1} g_n, g_n = row n's gradient in its own state (each row computed alone); probes still give every
-    row's whole gradient."""
-    _, m = fresh(tok, kind)
+    Σ_{knob_n = 1} h_n, g_n and h_n = row n's gradients on δS and δS_h in its own state (each row computed alone; the
+    same with a shared knob); probes still give every row's whole δS gradient. Also with a separate quarantine."""
+    _, m = fresh(tok, kind, separate=separate)
     randomize_(m)
     ids, att, cm = batch(tok, n=3)
     adv = torch.tensor([1.5, -0.5, -1.0], dtype=torch.float64)
@@ -192,8 +194,9 @@ def test_row_masks_run_each_row_in_its_state_and_split_the_gradient(tok, kind):
         torch.testing.assert_close(logp[i, : L - 1], lp[0], atol=1e-12, rtol=0)  # the row's own state
         for n, a in adapters(m).items():
             g = a.delta.grad  # the row's whole gradient in its state (δS and δS_h enter as a sum)
+            h = a.knob.grad if separate else g  # a separate knob has its own gradient
             want[n][0] += main[i] * g
-            want[n][1] += knob[i] * g
+            want[n][1] += knob[i] * h
             torch.testing.assert_close(got[n][2][i], g, atol=1e-12, rtol=1e-9)
     for n in want:
         torch.testing.assert_close(got[n][0], want[n][0], atol=1e-12, rtol=1e-9)
@@ -266,6 +269,50 @@ def test_I18_reference_independent_of_adapter_values(tok, kind):
             assert torch.equal(ref, ref0)
             pol, _ = completion_logprobs(m, ids, att, cm, T_SAMPLE)
             assert not torch.equal(pol, ref0)  # the policy does move
+
+
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_separate_quarantine_is_its_own_block(tok, kind, tmp_path):
+    """adapter.quarantine=separate (issue 25): bit-identical to the base at zero; the knob's weight update lives in
+    directions orthogonal to the main's (svd: U_q ⟂ U, V_q ⟂ V, W's next singular vectors; lora: A_q's rows ⟂ A's),
+    with the directions a module lacks (min(d_in, d_out) < 2r) zero and inert; knob off it is exactly the shared-basis
+    policy with the same δS; each module's output is W x + ΔW x (merge, export); save/load round-trips and refuses a
+    shared attach."""
+    base, m = fresh(tok, kind, rank=12, separate=True)
+    ids, att, _ = batch(tok)
+    with torch.no_grad():
+        assert torch.equal(m(input_ids=ids, attention_mask=att).logits, base(input_ids=ids, attention_mask=att).logits)
+    randomize_(m)
+    for n, a in adapters(m).items():
+        if kind == "svd":
+            w = a.base.weight
+            s = torch.linalg.svdvals(w)
+            have = min(12, min(w.shape) - 12)  # q/o/gate/up/down: 12 more directions; k/v (16 × 32): 4
+            assert a.U.T @ a.Uq == pytest.approx(torch.zeros(12, 12), abs=1e-6)
+            assert a.V.T @ a.Vq == pytest.approx(torch.zeros(12, 12), abs=1e-6)
+            assert torch.equal(a.Uq[:, have:], torch.zeros_like(a.Uq[:, have:])), n
+            # W's singular values r+1 … 2r: u_qᵀ W v_q
+            assert torch.diagonal(a.Uq.T @ w @ a.Vq)[:have].abs() == pytest.approx(s[12 : 12 + have], rel=1e-4)
+        else:
+            assert a.A @ a.Aq.T == pytest.approx(torch.zeros(12, 12), abs=1e-6)
+            assert a.Aq @ a.Aq.T == pytest.approx(torch.eye(12), abs=1e-6)  # d_in 32 and 64 >= 2r: all rows
+        x = torch.randn(2, 3, a.base.in_features, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(a(x) - a.base(x), x @ delta_weight(a).T, atol=1e-10, rtol=1e-8)
+    _, shared = fresh(tok, kind, rank=12)
+    with torch.no_grad():
+        for a, b in zip(adapters(m).values(), adapters(shared).values()):
+            b.delta.copy_(a.delta)
+        with knob_disabled(m):
+            off = m(input_ids=ids, attention_mask=att).logits
+        assert torch.equal(off, shared(input_ids=ids, attention_mask=att).logits)
+        assert not torch.allclose(m(input_ids=ids, attention_mask=att).logits, off), "the knob must act"
+    save_adapter(m, tmp_path / "q.safetensors")
+    _, m2 = fresh(tok, kind, rank=12, separate=True)
+    load_adapter(m2, tmp_path / "q.safetensors")
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    with pytest.raises(ValueError, match="adapter.quarantine=separate"):
+        load_adapter(shared, tmp_path / "q.safetensors")
 
 
 def test_save_load_roundtrip_and_mismatch(tok, tmp_path):

@@ -7,10 +7,12 @@ import dataclasses
 import pytest
 import torch
 
+from projected_grpo.config import load_params, with_overrides
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MONITORS, REWARDS, Arm
+from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MASKED_VARIANTS, MONITORS, REWARDS, Arm
 from projected_grpo.report import win_rule as W
 from projected_grpo.report.results import FAMILIES, ordered_arms
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("name", sorted(ARMS))
@@ -31,7 +33,8 @@ def test_entry_is_consistent(name):
 
 def test_roles_and_lists():
     assert set(BASIS_FREE) == {"vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool"}
-    oracle_gated = {f"{r}_oracle" for r in ("route_per_rollout", "route_two_sided", "route_full", "route_masked")}
+    rules = ("route_per_rollout", "route_two_sided", "route_full", "route_masked")
+    oracle_gated = {f"{r}_oracle" for r in (*rules, *(f"route_masked_{v}" for v in MASKED_VARIANTS))}
     assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"} | oracle_gated
     assert {n for n, a in ARMS.items() if a.oracle_gate} == oracle_gated
     with pytest.raises(ValueError, match="oracle gate"):  # an oracle gate must say so in its name
@@ -39,6 +42,35 @@ def test_roles_and_lists():
     assert all(ARMS[n].role == "candidate" for fam in FAMILIES.values() for n in fam)
     order = ordered_arms(["vanilla", "gt_only"], ["route_per_rollout_random", "measure_only", "route_per_rollout"])
     assert order == ["vanilla", "measure_only", "route_per_rollout", "route_per_rollout_random", "gt_only"]
+
+
+def test_variant_arms_run_with_their_overrides():
+    """A masked-routing variant, its control and its oracle bound run with exactly their overrides on top of
+    params.yaml's (every other value the same); an arm without overrides gets params.yaml's as they are; an arm may
+    override only projection.* and adapter.quarantine, and a bad value fails as it would in params.yaml."""
+    p = load_params(ROOT / "params.yaml")
+    assert ARMS["route_masked"].params(p) is p
+    for suffix, over in MASKED_VARIANTS.items():
+        for name in (f"route_masked_{suffix}", f"route_masked_{suffix}_random", f"route_masked_{suffix}_oracle"):
+            q = ARMS[name].params(p)
+            assert ARMS[name].edit == "route_masked" and ARMS[name].family == ARMS["route_masked"].family
+            assert all(getattr(getattr(q, k.split(".")[0]), k.split(".")[1]) == v for k, v in over)
+            undo = tuple((k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1])) for k, _ in over)
+            assert with_overrides(q, undo) == p and q != p  # the overrides and nothing else
+    with pytest.raises(ValueError, match="may set projection"):
+        Arm("route_masked_x", "route_masked", gate="rollout", overrides=(("grpo.lr", 1.0),))
+    with pytest.raises(ValueError, match="projection.band"):
+        Arm("route_masked_x", "route_masked", gate="rollout", overrides=(("projection.band", "wide"),)).params(p)
+    with pytest.raises(KeyError, match="projection.nope"):
+        with_overrides(p, (("projection.nope", 1),))
+
+
+def test_every_stage_that_reads_an_arm_runs_with_its_params():
+    """A variant arm is only its overrides: every stage script that resolves an arm must run with `arm.params(p)`."""
+    for f in sorted((ROOT / "stages").glob("*.py")):
+        src = f.read_text()
+        if "get_arm(arm)" in src:
+            assert "a.params(load_params(params))" in src, f"{f.name} resolves an arm but ignores its overrides"
 
 
 def test_every_rule_keeps_main_plus_knob_equal_to_g_for_routing():

@@ -66,6 +66,7 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("adapter", "kind", "dora", "adapter.kind"),
         ("adapter", "targets", "mlp", "adapter.targets"),
         ("adapter", "rank", 0, "adapter.rank"),
+        ("adapter", "quarantine", "own", "adapter.quarantine"),
         ("basis", "k", 65, "larger than adapter.rank"),  # k > rank (64): the one line names both knobs
         ("basis", "pairset", "prog_narrow", "not a known pair set"),
         ("basis", "method", "pca", "basis.method"),

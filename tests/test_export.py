@@ -30,10 +30,10 @@ from projected_grpo.rl.export import app
 from tests.conftest import ROOT
 
 
-def trained(tok, kind: str, targets: str, rank: int, seed: int = 0):
+def trained(tok, kind: str, targets: str, rank: int, seed: int = 0, separate: bool = False):
     """The tiny Qwen3 with adapters at random nonzero δS and δS_h (as if trained and routed)."""
     m = tiny_model(len(tok))
-    attach_adapters(m, targets, rank, kind)
+    attach_adapters(m, targets, rank, kind, separate=separate)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for a in adapters(m).values():
@@ -58,15 +58,23 @@ def ids(tok):
 
 
 @pytest.mark.parametrize(
-    "kind,targets,rank",
-    [("svd", "all", 4), ("svd", "all", 20), ("svd", "residual_writers", 8), ("lora", "all", 20)],
+    "kind,targets,rank,separate",
+    [
+        ("svd", "all", 4, False),
+        ("svd", "all", 20, False),
+        ("svd", "residual_writers", 8, False),
+        ("lora", "all", 20, False),
+        ("svd", "all", 12, True),
+        ("lora", "all", 8, True),
+    ],
 )
-def test_peft_loads_the_export_and_gives_our_logits(tmp_path, tok, ids, kind, targets, rank):
-    """knob on and knob off: PEFT's LoRA model on a fresh base == our model, and so is the merged save_pretrained."""
+def test_peft_loads_the_export_and_gives_our_logits(tmp_path, tok, ids, kind, targets, rank, separate):
+    """knob on and knob off: PEFT's LoRA model on a fresh base == our model, and so is the merged save_pretrained.
+    With a separate quarantine the export has rank 2r: the knob's factors after the main's."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    m = trained(tok, kind, targets, rank)
+    m = trained(tok, kind, targets, rank, separate=separate)
     ours = {"knob_on": logits(m, ids)}
     with knob_disabled(m):
         ours["knob_off"] = logits(m, ids)
@@ -117,13 +125,16 @@ def invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
 
-def test_cli_exports_a_run_directory(tmp_path, tok, ids):
+@pytest.mark.parametrize("separate", [False, True])
+def test_cli_exports_a_run_directory(tmp_path, tok, ids, separate):
     """--checkpoint RUN_DIR takes the latest complete checkpoint (step_<n>.safetensors with its .pt); knob_on/ and
-    knob_off/ are the model's two states, as PEFT loads them; --merged adds the merged models."""
+    knob_off/ are the model's two states, as PEFT loads them; --merged adds the merged models. A run of a variant arm
+    whose knob has its own directions (adapter.quarantine separate, an arm override) exports from the same params
+    file: the checkpoint's metadata says so."""
     from peft import PeftModel
 
     params = write_params(tmp_path / "params.yaml", rank=4)
-    m, old = trained(tok, "svd", "all", 4), trained(tok, "svd", "all", 4, seed=7)
+    m, old = trained(tok, "svd", "all", 4, separate=separate), trained(tok, "svd", "all", 4, 7, separate)
     run = tmp_path / "run"
     save_adapter(old, run / "step_00001.safetensors")
     (run / "step_00001.pt").write_bytes(b"")

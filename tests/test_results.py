@@ -419,6 +419,8 @@ def _report(tmp, params, probe, *more: str):
         str(tmp / "reports" / "metrics.json"),
         "--figures",
         str(tmp / "reports" / "figures"),
+        "--routing",
+        str(tmp / "reports" / "routing.md"),
         "--params",
         str(params),
         *more,
@@ -444,6 +446,8 @@ def test_report_stage_end_to_end(stage_inputs):
     # the gate flag comes from the training metrics JSON: route s42 flagged; erase's False and missing keys are not
     assert "> **Warning** — uninformative gate: route_per_rollout (seed 42)" in md
     assert "uninformative gate: erase_one_sided" not in md and "uninformative basis" not in md
+    routing = (tmp / "reports" / "routing.md").read_text()  # the routed arms seed by seed (report/routing.py)
+    assert "| route_per_rollout | candidate | 41 |" in routing and "| erase_one_sided |" not in routing
 
 
 def test_report_stage_reads_the_basis_guard(stage_inputs):

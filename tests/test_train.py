@@ -958,6 +958,25 @@ def test_main_rows_baseline_end_to_end(world, tmp_path):
     assert "adv_main" not in log_columns(tmp_path / "f")
 
 
+def test_separate_quarantine_trains_masked_routing_and_refuses_the_other_rules(world, tmp_path):
+    """adapter.quarantine=separate: route_masked trains deterministically with the knob in its own directions (a
+    different run from the shared knob's), while a rule that moves parts of δS's gradient into the knob stops with a
+    one-line error before writing anything."""
+
+    def model():
+        m = tiny_model(len(world["tok"]))
+        attach_adapters(m, "all", 4, separate=True)
+        return m
+
+    a = run(world, "route_masked", tmp_path / "a", model=model())
+    assert same(a, run(world, "route_masked", tmp_path / "b", model=model()))
+    assert any(float(k.abs().max()) > 0 for _, k in a.values())
+    assert not same(a, run(world, "route_masked", tmp_path / "shared"))
+    with pytest.raises(ValueError, match="adapter.quarantine=separate: route_per_rollout moves"):
+        run(world, "route_per_rollout", tmp_path / "r", model=model())
+    assert not (tmp_path / "r").exists()
+
+
 def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):
     """rl/heal.py: Adam steps on δS only lower the mean NLL of the extraction pairs' clean completions; δS_h is
     bit-for-bit untouched and restored; the knob's value does not enter (a large knob gives the same heal); the batches

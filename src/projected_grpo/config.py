@@ -235,8 +235,14 @@ class AdapterParams:
     targets: str = "all"
     # r: singular directions per module (svd) or LoRA rank; capped per module at min(d_in, d_out).
     rank: int = 64
+    # The knob's directions: shared (δS_h adds to δS in the same r coordinates) or separate (its own: svd, W's singular
+    # directions r+1 … 2r; lora, a second fixed A orthogonal to the first), so deleting it removes nothing the main
+    # uses. separate: masked routing only (it trains the knob on its own gradient; the other rules move δS's).
+    quarantine: str = "shared"
 
     def __post_init__(self) -> None:
+        if self.quarantine not in ("shared", "separate"):
+            raise ValueError(f"adapter.quarantine must be shared or separate, got {self.quarantine!r}")
         if self.kind not in ADAPTER_KINDS:
             raise ValueError(f"adapter.kind must be one of {ADAPTER_KINDS}, got {self.kind!r}")
         if self.targets not in ADAPTER_TARGETS:
@@ -677,6 +683,20 @@ def overlay(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[
             raise KeyError(f"unknown params key {p} in the override set; keys must exist in params.yaml")
         out[k] = overlay(base[k], v, p) if isinstance(v, dict) and isinstance(base[k], dict) else v
     return out
+
+
+def with_overrides(p: Params, pairs: tuple[tuple[str, Any], ...]) -> Params:
+    """`p` with dotted-key overrides (an arm's, `arms.Arm.overrides`), validated as params.yaml is."""
+    if not pairs:
+        return p
+    tree: dict[str, Any] = {}
+    for key, v in pairs:
+        *path, leaf = key.split(".")
+        node = tree
+        for s in path:
+            node = node.setdefault(s, {})
+        node[leaf] = v
+    return from_dict(Params, overlay(dataclasses.asdict(p), tree))
 
 
 def flat_overrides(over: dict[str, Any], path: str = "") -> list[tuple[str, Any]]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from projected_grpo.config import with_overrides
+
 REWARDS = ("correct_or_hinted", "gt_only")
 MONITORS = (None, "penalty", "screening")
 GATES = (None, "rollout", "token")  # what a routing gate decides per: a whole rollout, or each completion token
@@ -40,10 +42,22 @@ class Arm:
     # what routing can do with a perfect gate. It breaks the no-cheat invariant on purpose, so the name carries
     # "oracle" (role oracle: labelled so in every table, never eligible to win).
     oracle_gate: bool = False
+    # Params this arm runs with instead of params.yaml's (dotted keys; projection.* and adapter.quarantine): a variant
+    # of a rule (e.g. route_masked_tail = route_masked with projection.band tail) is an arm of its own, so the DVC
+    # matrix runs it beside the others, the baseline and its control are trained once, and the report and win rule
+    # treat it as any arm. train and evaluate read `params(p)`.
+    overrides: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.oracle_gate and (self.gate != "rollout" or "oracle" not in self.name):
             raise ValueError(f"arm {self.name}: an oracle gate is a per-rollout gate on an arm named *oracle*")
+        bad = [k for k, _ in self.overrides if not (k.startswith("projection.") or k == "adapter.quarantine")]
+        if bad:
+            raise ValueError(f"arm {self.name}: overrides {bad}: an arm may set projection.* and adapter.quarantine")
+
+    def params(self, p):
+        """The run's params: `p` (params.yaml's) with this arm's overrides."""
+        return with_overrides(p, self.overrides)
 
     @property
     def routes(self) -> bool:
@@ -72,6 +86,16 @@ class Arm:
 
 
 ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
+# Issue 25's masked-routing variants: route_masked_<suffix> (with its _random control and _oracle bound) runs with
+# these params. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline; q: the knob in
+# its own directions; deploy: a quarter of the groups sampled and trained knob off.
+MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
+    "tail": (("projection.band", "tail"),),
+    "mr": (("projection.main_baseline", "main_rows"),),
+    "q": (("adapter.quarantine", "separate"),),
+    "deploy": (("projection.deploy_frac", 0.25),),
+    "mr_q": (("projection.main_baseline", "main_rows"), ("adapter.quarantine", "separate")),
+}
 
 
 def _registry() -> dict[str, Arm]:
@@ -111,6 +135,11 @@ def _registry() -> dict[str, Arm]:
     # separates "the gate fails" from "the routing mechanics fail"
     for edit in ("route_per_rollout", "route_two_sided", "route_full", "route_masked"):
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
+    for suffix, over in MASKED_VARIANTS.items():
+        name, kw = f"route_masked_{suffix}", {"gate": "rollout", "family": ROUTE, "overrides": over}
+        arms.append(Arm(name, "route_masked", control=f"{name}_random", **kw))
+        arms.append(Arm(f"{name}_random", "route_masked", random_dir=True, **kw))
+        arms.append(Arm(f"{name}_oracle", "route_masked", oracle_gate=True, **kw))
     return {a.name: a for a in arms}
 
 

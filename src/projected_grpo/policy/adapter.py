@@ -5,6 +5,16 @@ Each wrapped `nn.Linear` y = W x gets a trainable vector `delta` (δS) and a sam
     svd  : y = W x + U ((δS + δS_h + e_n) ⊙ Vᵀx)            U (d_out, r), V (d_in, r): top-r singular vectors of W
     lora : y = W x + (B + B_h + E_n) (A x)                   A (r, d_in) fixed; B = δS viewed as (d_out, r)
 
+With a separate quarantine (`adapter.quarantine: separate`, issue 25) the knob has its own directions, ones the
+main does not use, so deleting it removes nothing the main relies on:
+
+    svd  : y = W x + U ((δS + e_n) ⊙ Vᵀx) + U_q (δS_h ⊙ V_qᵀx)    U_q, V_q: W's singular vectors r+1 … 2r
+    lora : y = W x + (B + E_n) (A x) + B_h (A_q x)                A_q (r, d_in) fixed, rows orthogonal to A's
+
+(a quarantine coordinate with no direction left, e.g. on a module whose min(d_in, d_out) < 2r, is a zero column:
+inert). Then δS and δS_h have different gradients, and only masked routing, which trains the knob on its own
+gradient, can route into it.
+
 Both start at exactly zero, so the wrapped model is bit-identical to the base (the correction is an exact zero that
 is added to the untouched base output). `e_n` is the per-sample probe: a zero leaf of shape (N, D) broadcast over the
 tokens of batch row n, so `e.grad[n]` is rollout n's exact gradient on δS (eq. 1: Σ_t b_t ⊙ a_t) and
@@ -64,22 +74,35 @@ class Adapter(nn.Module):
     def dim(self) -> int:
         return self.delta.numel()
 
+    @property
+    def separate(self) -> bool:
+        """The knob has its own directions (adapter.quarantine: separate), not δS's."""
+        return False
+
     def forward(self, x: Tensor) -> Tensor:  # (N, T, d_in) -> (N, T, d_out)
         y = self.base(x)
         if not self.enabled:
             return y
-        return y + self.correction(x, self.coefficients())
+        main, knob = self.coefficients()
+        if not self.separate:
+            return y + self.correction(x, main + knob)
+        return y + self.correction(x, main) + self.quarantine(x, knob)
 
-    def coefficients(self) -> Tensor:
-        """δS + δS_h, (D,); under `row_masks` per row, (N, 1, D): row n runs with δS (its gradient reaching δS
-        only where row_main is 1, else δS detached) plus δS_h where row_knob is 1 (and trains it), none elsewhere."""
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        """(δS, δS_h), (D,) each; under `row_masks` per row, (N, 1, D) each: row n runs with δS (its gradient
+        reaching δS only where row_main is 1, else δS detached) plus δS_h where row_knob is 1 (and trains it), none
+        elsewhere."""
         if self.row_main is None:
-            return self.delta + self.knob
+            return self.delta, self.knob
         d = self.delta.detach()
         main, knob = self.row_main[:, None, None].to(d.dtype), self.row_knob[:, None, None].to(d.dtype)
-        return d + main * (self.delta - d) + knob * self.knob  # (N, 1, D)
+        return d + main * (self.delta - d), knob * self.knob  # (N, 1, D) each
 
     def correction(self, x: Tensor, s: Tensor) -> Tensor:  # (N, T, d_in), (D,) -> (N, T, d_out)
+        raise NotImplementedError
+
+    def quarantine(self, x: Tensor, s: Tensor) -> Tensor:  # (N, T, d_in), (D,) or (N, 1, D) -> (N, T, d_out)
+        """The separate knob's correction (no probe, no token capture: those read δS's gradient)."""
         raise NotImplementedError
 
     def _capture(self, z: Tensor, coef_fn, sq_fn) -> None:
@@ -102,11 +125,28 @@ class SVDAdapter(Adapter):
 
     kind = "svd"
 
-    def __init__(self, base: nn.Linear, U: Tensor, V: Tensor, param_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        base: nn.Linear,
+        U: Tensor,
+        V: Tensor,
+        param_dtype: torch.dtype = torch.float32,
+        quarantine: tuple[Tensor, Tensor] | None = None,
+    ):
         super().__init__(base, U.shape[1], param_dtype)
         dt = base.weight.dtype
         self.register_buffer("U", U.to(dt).contiguous(), persistent=False)  # (d_out, r) compute dtype
         self.register_buffer("V", V.to(dt).contiguous(), persistent=False)  # (d_in, r)
+        q = quarantine or (None, None)  # U_q (d_out, r), V_q (d_in, r): the knob's own singular directions
+        self.register_buffer("Uq", None if q[0] is None else q[0].to(dt).contiguous(), persistent=False)
+        self.register_buffer("Vq", None if q[1] is None else q[1].to(dt).contiguous(), persistent=False)
+
+    @property
+    def separate(self) -> bool:
+        return self.Uq is not None
+
+    def quarantine(self, x: Tensor, s: Tensor) -> Tensor:
+        return ((x @ self.Vq) * s).to(x.dtype) @ self.Uq.T
 
     def correction(self, x: Tensor, s: Tensor) -> Tensor:
         a = x @ self.V  # (N, T, r) = Vᵀx per token
@@ -128,10 +168,26 @@ class LoRAAdapter(Adapter):
 
     kind = "lora"
 
-    def __init__(self, base: nn.Linear, A: Tensor, param_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, base: nn.Linear, A: Tensor, param_dtype: torch.dtype = torch.float32, quarantine: Tensor | None = None
+    ):
         d_out = base.out_features
         super().__init__(base, d_out * A.shape[0], param_dtype)
         self.register_buffer("A", A.to(base.weight.dtype).contiguous(), persistent=False)  # (r, d_in)
+        q = None if quarantine is None else quarantine.to(base.weight.dtype).contiguous()
+        self.register_buffer("Aq", q, persistent=False)  # (r, d_in): the knob's own fixed A
+
+    @property
+    def separate(self) -> bool:
+        return self.Aq is not None
+
+    def quarantine(self, x: Tensor, s: Tensor) -> Tensor:
+        xa = x @ self.Aq.T
+        xa = xa.to(torch.promote_types(xa.dtype, s.dtype))
+        d_out, r = self.base.out_features, self.Aq.shape[0]
+        if s.dim() == 1:
+            return (xa @ s.to(xa.dtype).view(d_out, r).T).to(x.dtype)
+        return torch.einsum("ntr,nor->nto", xa, s[:, 0].to(xa.dtype).view(-1, d_out, r)).to(x.dtype)
 
     def correction(self, x: Tensor, s: Tensor) -> Tensor:
         xa = x @ self.A.T  # (N, T, r)
@@ -212,6 +268,34 @@ def lora_A(weight: Tensor, rank: int, name: str, seed: int) -> Tensor:
     return q.T.float()
 
 
+def pad_columns(x: Tensor, r: int) -> Tensor:
+    """x (d, c) with zero columns appended to (d, r) (c <= r): inert quarantine coordinates."""
+    return torch.cat([x, x.new_zeros(x.shape[0], r - x.shape[1])], dim=1)
+
+
+def svd_quarantine(weight: Tensor, r: int, cache_dir: Path | str | None = None) -> tuple[Tensor, Tensor]:
+    """The separate knob's (U_q, V_q), (d_out, r) and (d_in, r): W's singular vectors r+1 … 2r (orthogonal to the
+    main's top r), zero columns where min(d_in, d_out) < 2r."""
+    r2 = min(2 * r, *weight.shape)
+    U, V = svd_factors(weight, r2, cache_dir)
+    return pad_columns(U[:, r:r2], r), pad_columns(V[:, r:r2], r)
+
+
+def lora_quarantine(A: Tensor, name: str, seed: int) -> Tensor:
+    """The separate knob's fixed A_q (r, d_in): random orthonormal rows orthogonal to A's (zero rows where
+    d_in < 2r), seeded by (seed, module name, "quarantine")."""
+    r, d_in = A.shape
+    g = torch.Generator().manual_seed(
+        int.from_bytes(hashlib.sha256(f"{seed}:{name}:quarantine".encode()).digest()[:8], "big")
+    )
+    a = A.double().T  # (d_in, r), orthonormal columns
+    x = torch.randn(d_in, r, generator=g, dtype=torch.float64)
+    x = x - a @ (a.T @ x)  # out of A's row space
+    q, _ = torch.linalg.qr(x)  # (d_in, r)
+    k = min(r, d_in - r)
+    return pad_columns(q[:, :k], r).T.float()
+
+
 # --- attach / query --------------------------------------------------------------------------------------------
 
 
@@ -231,7 +315,15 @@ def load_policy(p, organism: Path, cache_dir: Path | str | None = None) -> tuple
     from projected_grpo.policy.model import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(p.model.name, organism / "base", p.model.device, p.model.dtype)
-    attach_adapters(model, p.adapter.targets, p.adapter.rank, p.adapter.kind, cache_dir=cache_dir, seed=p.seed)
+    attach_adapters(
+        model,
+        p.adapter.targets,
+        p.adapter.rank,
+        p.adapter.kind,
+        cache_dir=cache_dir,
+        seed=p.seed,
+        separate=p.adapter.quarantine == "separate",
+    )
     return model.eval(), tok
 
 
@@ -243,8 +335,10 @@ def attach_adapters(
     cache_dir: Path | str | None = None,
     seed: int = 0,
     param_dtype: torch.dtype = torch.float32,
+    separate: bool = False,
 ) -> list[str]:
     """Wrap every target Linear in place; returns the wrapped names. r_m = min(rank, d_in, d_out) per module.
+    separate: the knob gets its own directions (`svd_quarantine`, `lora_quarantine`; adapter.quarantine).
 
     δS / δS_h are `param_dtype` masters (fp32; fp64 in the invariant tests). Attach after moving/casting the model:
     `model.to(dtype)` would cast the masters too."""
@@ -262,11 +356,15 @@ def attach_adapters(
         parent = model.get_submodule(parent_name)
         lin: nn.Linear = getattr(parent, leaf)
         r = min(rank, *lin.weight.shape)
+        dev = lin.weight.device
         if kind == "svd":
             U, V = svd_factors(lin.weight, r, cache_dir)
-            wrapped: Adapter = SVDAdapter(lin, U.to(lin.weight.device), V.to(lin.weight.device), param_dtype)
+            q = tuple(t.to(dev) for t in svd_quarantine(lin.weight, r, cache_dir)) if separate else None
+            wrapped: Adapter = SVDAdapter(lin, U.to(dev), V.to(dev), param_dtype, q)
         else:
-            wrapped = LoRAAdapter(lin, lora_A(lin.weight, r, name, seed).to(lin.weight.device), param_dtype)
+            A = lora_A(lin.weight, r, name, seed)
+            q = lora_quarantine(A, name, seed).to(dev) if separate else None
+            wrapped = LoRAAdapter(lin, A.to(dev), param_dtype, q)
         wrapped.to(lin.weight.device)
         setattr(parent, leaf, wrapped)
     for p in model.parameters():  # only δS / δS_h train
@@ -419,11 +517,13 @@ def adapter_is_zero(model: nn.Module) -> bool:
 
 
 def delta_weight(a: Adapter) -> torch.Tensor:
-    """The dense (d_out, d_in) weight update of adapter `a` at its current δS + δS_h (linear in x, so read it off
+    """The dense (d_out, d_in) weight update of adapter `a` at its current δS and δS_h (linear in x, so read it off
     the identity)."""
-    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device)
+    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device).unsqueeze(0)
     with torch.no_grad():
-        return a.correction(eye.unsqueeze(0), (a.delta + a.knob).detach())[0].T.to(a.base.weight.dtype)
+        if not a.separate:
+            return a.correction(eye, (a.delta + a.knob).detach())[0].T.to(a.base.weight.dtype)
+        return (a.correction(eye, a.delta.detach()) + a.quarantine(eye, a.knob.detach()))[0].T.to(a.base.weight.dtype)
 
 
 @contextmanager
@@ -488,7 +588,8 @@ def save_adapter(model: nn.Module, path: Path | str, metadata: dict[str, object]
         knob = a._knob_saved if a._knob_saved is not None else a.knob.detach()
         tensors[f"{name}.knob"] = knob.cpu().contiguous()
     kinds = {a.kind for a in adapters(model).values()}
-    meta = {"kind": ",".join(sorted(kinds)), **(metadata or {})}
+    separate = any(a.separate for a in adapters(model).values())
+    meta = {"kind": ",".join(sorted(kinds)), **({"quarantine": "separate"} if separate else {}), **(metadata or {})}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -498,15 +599,37 @@ def save_adapter(model: nn.Module, path: Path | str, metadata: dict[str, object]
     tmp.replace(path)
 
 
+def read_metadata(f) -> dict[str, object]:
+    """The metadata of an open `save_adapter` file (older files: one JSON value per key)."""
+    raw = f.metadata() or {}
+    return json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}
+
+
+def adapter_metadata(path: Path | str) -> dict[str, object]:
+    """The metadata `save_adapter` wrote to `path` (kind, quarantine when separate, the caller's), without tensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return read_metadata(f)
+
+
 def load_adapter(model: nn.Module, path: Path | str) -> dict[str, object]:
     """Load δS and δS_h saved by `save_adapter` into the attached adapters; returns the metadata."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        raw = f.metadata() or {}
-        meta = json.loads(raw["meta"]) if "meta" in raw else {k: json.loads(v) for k, v in raw.items()}  # old files
+        meta = read_metadata(f)
         keys = set(f.keys())
         ads = adapters(model)
+        q_file, q_model = (
+            meta.get("quarantine", "shared"),
+            "separate" if any(a.separate for a in ads.values()) else "shared",
+        )
+        if q_file != q_model:
+            raise ValueError(
+                f"adapter file {path} was trained with adapter.quarantine={q_file}, the attached adapters have "
+                f"{q_model}; attach with the run's adapter params"
+            )
         want = {f"{n}.{p}" for n in ads for p in ("delta", "knob")}
         if keys != want:
             missing, extra = sorted(want - keys)[:3], sorted(keys - want)[:3]

@@ -32,11 +32,21 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"  
 
 
 def lora_factors(a: Adapter) -> tuple[Tensor, Tensor]:
-    """(A (r, d_in), B (d_out, r)) in fp32 with B @ A = the adapter's ΔW at its current δS + δS_h."""
-    s = (a.delta + a.knob).detach().float()  # (r,) svd, (d_out·r,) lora
+    """(A (r, d_in), B (d_out, r)) in fp32 with B @ A = the adapter's ΔW at its current δS + δS_h; with a separate
+    quarantine rank 2r, the knob's factors stacked after the main's."""
+    if a.separate:
+        (A, B), (Aq, Bq) = factors(a, a.delta, False), factors(a, a.knob, True)
+        return torch.cat([A, Aq]), torch.cat([B, Bq], dim=1)
+    return factors(a, a.delta + a.knob, False)
+
+
+def factors(a: Adapter, s: Tensor, knob: bool) -> tuple[Tensor, Tensor]:
+    """(A, B) of one part: coefficients s on the main's directions, or on the separate knob's (knob=True)."""
+    s = s.detach().float()  # (r,) svd, (d_out·r,) lora
     if isinstance(a, SVDAdapter):
-        return a.V.T.float().contiguous(), (a.U.float() * s).contiguous()  # Vᵀ, U diag(s)
-    return a.A.float().contiguous(), s.view(a.base.out_features, -1).contiguous()
+        U, V = (a.Uq, a.Vq) if knob else (a.U, a.V)
+        return V.T.float().contiguous(), (U.float() * s).contiguous()  # Vᵀ, U diag(s)
+    return (a.Aq if knob else a.A).float().contiguous(), s.view(a.base.out_features, -1).contiguous()
 
 
 def peft_tensors(model: nn.Module) -> dict[str, Tensor]:

@@ -227,7 +227,7 @@ def provenance(paths: list[str]) -> str:
     return f"<!-- sources: {', '.join(sorted(set(paths)))} -->"
 
 
-def _srcs(runs: Runs, arms: list[str]) -> list[str]:
+def run_sources(runs: Runs, arms: list[str]) -> list[str]:
     return [runs.sources.get((a, s), f"{a}-s{s}") for a in arms for s in runs.seeds(a)]
 
 
@@ -257,7 +257,7 @@ def warnings(runs: Runs, arms: list[str]) -> list[str]:
     return L
 
 
-def _n_line(runs: Runs, metrics: list[str]) -> str:
+def n_line(runs: Runs, metrics: list[str]) -> str:
     b = runs.base
     k = b["n_samples"]
     parts = [f"{b['n_problems']} test prompts × {k} samples = {b['n_problems'] * k} per policy for solve and format"]
@@ -343,7 +343,7 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
         ]
     used = cands + [a for v in verdicts for a in (v.baseline, v.control) if a in arms]
     used += [W.MATCHED, REF] if W.MATCHED in arms and REF in arms else []
-    L += ["", _n_line(runs, metrics_present(runs)), "", provenance(_srcs(runs, used) or ["none"])]
+    L += ["", n_line(runs, metrics_present(runs)), "", provenance(run_sources(runs, used) or ["none"])]
     return [x for i, x in enumerate(L) if x or i == 0 or L[i - 1]]  # no doubled blank lines
 
 
@@ -363,7 +363,7 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
         "",
         "Final checkpoint, deploy state (knob off for routed arms), full test split. Mean ± std over seeds "
         "(95% t interval where n ≥ 3); Δ = arm − vanilla paired by seed. The base row is one policy (no training "
-        "seed): its interval is Wilson over samples. " + _n_line(runs, ms),
+        "seed): its interval is Wilson over samples. " + n_line(runs, ms),
         "",
     ]
     L += warnings(runs, arms) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -387,7 +387,7 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
             f"Random-direction control not run for: {', '.join(no_control)} (add `<arm>_random` to `arms` in "
             "params.yaml); their deltas are not attributable to v_hack, and they cannot win.",
         ]
-    return L + ["", provenance([runs.base_source] + _srcs(runs, arms))]
+    return L + ["", provenance([runs.base_source] + run_sources(runs, arms))]
 
 
 def ordered_arms(arms_ref: list[str], arms: list[str]) -> list[str]:
@@ -420,7 +420,7 @@ def knob_table(runs: Runs, order: list[str]) -> list[str]:
         "Final checkpoint of each routed arm in three states: knob on (the trained policy), knob off (deploy), and "
         "adapter off (the base). Δ is paired by seed. KL(deploy ‖ knob on): per-token KL over the vocabulary at the "
         "eval temperature, teacher-forced on deploy's own samples for the no-hint prompts, mean over their "
-        "completion tokens; mean ± std over seeds (— where evaluate did not record it). " + _n_line(runs, ms),
+        "completion tokens; mean ± std over seeds (— where evaluate did not record it). " + n_line(runs, ms),
         "",
     ]
     L += warnings(runs, routed) + ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -445,7 +445,7 @@ def knob_table(runs: Runs, order: list[str]) -> list[str]:
             + " | ".join(base_cell(runs.base["full"], m) for m in ms)
             + " | — | — |"
         )
-    return L + ["", provenance([runs.base_source] + _srcs(runs, routed))]
+    return L + ["", provenance([runs.base_source] + run_sources(runs, routed))]
 
 
 def family_tables(runs: Runs, order: list[str]) -> list[str]:
@@ -464,13 +464,13 @@ def family_tables(runs: Runs, order: list[str]) -> list[str]:
         if len(present) < 2 or REF not in arms:
             continue
         rows = [x for a in present for x in (a, W.control_of(a)) if x in arms]
-        L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + _n_line(runs, metrics_present(runs)), ""]
+        L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + n_line(runs, metrics_present(runs)), ""]
         L += warnings(runs, rows)
         L += ["| arm | seeds | " + " | ".join(h for _, h in ms) + " |", "|" + "---|" * (len(ms) + 2)]
         for a in rows:
             d = [cell(delta(per_seed(runs, a, m), per_seed(runs, REF, m))) for m, _ in ms]
             L.append(f"| {a} | {seeds_txt(runs.seeds(a))} | " + " | ".join(d) + " |")
-        L += ["", provenance(_srcs(runs, rows + [REF])), ""]
+        L += ["", provenance(run_sources(runs, rows + [REF])), ""]
     return L
 
 
@@ -498,7 +498,7 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
             + " | ".join("—" if v is None else f"{100 * v.mean:.1f}%" for v in vals)
             + " |"
         )
-    return L + ["", provenance([runs.base_source] + _srcs(runs, arms))]
+    return L + ["", provenance([runs.base_source] + run_sources(runs, arms))]
 
 
 # (question, the `dvc exp run` arguments that answer it): --queue sweeps run with `dvc queue start`.

@@ -17,8 +17,8 @@ from pathlib import Path
 import typer
 
 from projected_grpo.common.cli import stage_app
-from projected_grpo.config import load_params
-from projected_grpo.policy.adapter import knob_disabled, load_adapter, load_policy
+from projected_grpo.config import load_params, with_overrides
+from projected_grpo.policy.adapter import adapter_metadata, knob_disabled, load_adapter, load_policy
 from projected_grpo.policy.peft_format import save_merged, save_peft
 from projected_grpo.rl.checkpoint import adapter_path, latest_step
 
@@ -47,6 +47,8 @@ def export_run(p, checkpoint: Path, out: Path, organism: Path | None = None, wit
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} exists and is not empty; remove it or choose another directory")
     f = checkpoint_file(checkpoint)  # before the model: a bad path fails fast
+    # a variant arm's knob may have its own directions (adapter.quarantine, an arm override): the file says which
+    p = with_overrides(p, (("adapter.quarantine", adapter_metadata(f).get("quarantine", "shared")),))
     model, tok = load_policy(p, organism or Path("."))  # organism/base is read only for model.name=organism
     try:
         load_adapter(model, f)

@@ -148,6 +148,16 @@ def deploy_prompts(frac: float, B: int, arm: Arm) -> int:
     return n
 
 
+def check_quarantine(arm: Arm, ads: dict) -> None:
+    """A separate quarantine (adapter.quarantine) has its own coordinates, so only masked routing, which trains the
+    knob on its own gradient, can route into it; the other routing rules move parts of δS's gradient to the knob."""
+    if arm.routes and not arm.masked and any(a.separate for a in ads.values()):
+        raise ValueError(
+            f"adapter.quarantine=separate: {arm.name} moves parts of δS's gradient into the knob, which has other "
+            "coordinates there; use a route_masked* arm or adapter.quarantine=shared"
+        )
+
+
 def step_rollout(
     model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int, n_dep: int
 ) -> tuple[Rollout, list[bool]]:
@@ -628,6 +638,7 @@ def train(
     policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm) and not arm.masked
     step_preflight(model, p, arm, policy_runs)  # one step's peak device memory; stops on CUDA if it will not fit
     ads = adapters(model)
+    check_quarantine(arm, ads)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
     start = prepare_run_dir(out_dir, signature or {})
     state = read_checkpoint(out_dir, start) if start else None

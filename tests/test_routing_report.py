@@ -1,0 +1,59 @@
+"""reports/routing.md (report/routing.py): every routed arm seed by seed with its paired Δ against the same seed's
+measure_only, the deploy targets per seed, the win rule's verdict, and sources.
+
+Run: pytest tests/test_routing_report.py -q
+"""
+
+from projected_grpo.report import results as R
+from projected_grpo.report.routing import render, targets_met
+from tests.test_results import runs_from, table, tally
+
+ORDER = ["measure_only", "route_masked", "route_masked_random", "route_masked_oracle"]
+
+
+def runs() -> R.Runs:
+    """Base: solve 4/20 = 20%, format 19/20. measure_only hacks 60/120 = 50% at solve 25%. route_masked hacks 24/120
+    (20%) deployed on s41 and s43 but s42 keeps only 17/20 = 85% format; its random control hacks 50%; the oracle
+    hacks 0 but solves 2/20 = 10% (< base − 3 points)."""
+    spec = {}
+    for s in (41, 42, 43):
+        spec[("measure_only", s)] = {"deploy": tally(5, 60, 1)}
+        fmt = (17, 120, 120) if s == 42 else (20, 120, 120)
+        spec[("route_masked", s)] = {"deploy": tally(5, 24, 0, fmt), "knob_on": tally(5, 66, 1)}
+        spec[("route_masked_random", s)] = {"deploy": tally(5, 60, 1), "knob_on": tally(5, 60, 1)}
+        spec[("route_masked_oracle", s)] = {"deploy": tally(2, 0, 0), "knob_on": tally(2, 90, 0)}
+    return runs_from(spec)
+
+
+def test_per_seed_rows_golden_values():
+    md = render(runs(), ORDER, {("route_masked", 41): {"components": {"main_norm": 1.2345}}}, "Seeds [41, 42, 43].")
+    rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
+    assert set(rows) == {(a, str(s)) for a in ORDER[1:] for s in (41, 42, 43)}  # routed arms only
+    assert rows[("route_masked", "41")] == [
+        "route_masked", "candidate", "41", "20.0", "25.0", "100.0", "-30.0", "0.0", "55.0 / 25.0 / 100.0", "1.23",
+    ]  # fmt: skip
+    assert rows[("route_masked", "42")][5] == "85.0" and rows[("route_masked", "42")][9] == "—"
+    assert rows[("route_masked_oracle", "43")][1:8] == ["oracle", "43", "0.0", "10.0", "100.0", "-50.0", "-15.0"]
+    assert "Base policy (adapter off): hack (train hints) 5.0, solve 20.0, format 95.0" in md
+    assert "<!-- sources: " in md and "route_masked_oracle-s43/per_mode_deploy.json" in md
+
+
+def test_targets_and_verdicts_per_arm():
+    r = runs()
+    assert targets_met(r, "route_masked") == (False, [42])  # format 85% < 90% on seed 42
+    assert targets_met(r, "route_masked_oracle") == (False, [41, 42, 43])  # solve 10% < 20% − 3
+    assert targets_met(r, "route_masked_random") == (True, [])
+    md = render(r, ORDER, {}, "")
+    rows = {row[0]: row for row in table(md, "Per arm")}
+    assert rows["route_masked"][8] == "no: seed 42" and rows["route_masked_random"][8] == "yes"
+    assert rows["route_masked"][6].startswith("-30.0") and rows["route_masked_oracle"][9] == "— (never wins)"
+    v = {x.arm: x for x in R.verdicts_of(r, r.arms(ORDER))}["route_masked"]
+    assert rows["route_masked"][9] == ("wins" if v.wins else f"fails {', '.join(v.failed)}")
+    assert "Oracle-gated arms (route_masked_oracle)" in md
+
+
+def test_no_routed_arm_says_so():
+    r = runs()
+    r.deploy = {k: v for k, v in r.deploy.items() if k[0] == "measure_only"}
+    md = render(r, ORDER, {}, "")
+    assert "No routed arm was evaluated" in md and "## Per seed" not in md
