@@ -57,7 +57,7 @@ def test_variant_arms_run_with_their_overrides():
             assert all(getattr(getattr(q, k.split(".")[0]), k.split(".")[1]) == v for k, v in over)
             undo = tuple((k, getattr(getattr(p, k.split(".")[0]), k.split(".")[1])) for k, _ in over)
             assert with_overrides(q, undo) == p and q != p  # the overrides and nothing else
-    with pytest.raises(ValueError, match="may set projection"):
+    with pytest.raises(ValueError, match="may set projection.*, adapter.quarantine, basis.space"):
         Arm("route_masked_x", "route_masked", gate="rollout", overrides=(("grpo.lr", 1.0),))
     with pytest.raises(ValueError, match="projection.band"):
         Arm("route_masked_x", "route_masked", gate="rollout", overrides=(("projection.band", "wide"),)).params(p)

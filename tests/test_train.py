@@ -33,7 +33,7 @@ from projected_grpo.common.log import PhaseTimer
 from projected_grpo.config import Params
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import MODES, apply_mode
-from projected_grpo.method.arms import ARMS, get_arm
+from projected_grpo.method.arms import ARMS, MASKED_VARIANTS, get_arm
 from projected_grpo.method.basis import (
     Basis,
     act_basis,
@@ -72,7 +72,8 @@ from projected_grpo.rl.train import (
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
-ROUTING = [a for a, spec in ARMS.items() if spec.routes and not spec.oracle_gate]  # the no-cheat arms
+# the no-cheat arms: every routing arm but the oracle bounds (and the variants' random controls: their variant's path)
+ROUTING = [a for a, s in ARMS.items() if s.routes and not s.oracle_gate and not (s.random_dir and s.overrides)]
 ORACLE_GATED = [a for a, spec in ARMS.items() if spec.oracle_gate]
 
 
@@ -180,15 +181,17 @@ def run(
     cal: HeldOutPairs | None = None,
     result: dict | None = None,
 ):
-    """Train `arm` on the tiny world; returns the final (δS, δS_h) per module. `result` receives train()'s result."""
+    """Train `arm` on the tiny world (with its overrides, as the train stage runs it); returns the final (δS, δS_h) per
+    module. `result` receives train()'s result."""
     a = get_arm(arm)
+    deploy = dict(a.overrides).get("projection.deploy_frac")  # a quarter of 2 prompts is none: 4 a step
+    p = a.params(p or tiny_params(prompts_per_step=4 if deploy else 2))
     m = model
     if m is None:
         m = tiny_model(len(world["tok"]))
-        attach_adapters(m, "all", 4)
+        attach_adapters(m, "all", 4, separate=p.adapter.quarantine == "separate")
     b = (world["random"] if a.random_dir else world["basis"]) if a.reads_basis else None
     torch.set_num_threads(1)
-    p = p or tiny_params()
     rb = RunBasis(
         basis=b,
         act=world["act"],
@@ -403,6 +406,8 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_per_token", "deploy"),
     ("route_masked", "heal"),
     ("route_masked", "main_rows"),
+    ("route_masked_act", ""),
+    ("route_masked_mr_q", ""),
 ]
 
 
@@ -427,6 +432,7 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
         else None,
         basis={"space": "act"} if "act" in variant else None,
         share_prompt="shared" in variant,
+        prompts_per_step=4 if "deploy" in arm else 2,  # route_masked_deploy: a quarter of the prompts is one
     )
     a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
     b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
@@ -975,6 +981,21 @@ def test_separate_quarantine_trains_masked_routing_and_refuses_the_other_rules(w
     with pytest.raises(ValueError, match="adapter.quarantine=separate: route_per_rollout moves"):
         run(world, "route_per_rollout", tmp_path / "r", model=model())
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("suffix", sorted(MASKED_VARIANTS))
+def test_masked_variants_train_as_their_overrides_say(world, tmp_path, suffix):
+    """route_masked_<suffix> is route_masked with its overrides: the same run as route_masked trained on params with
+    them set (bitwise), and a different one from plain route_masked. (4 prompts a step: deploy's quarter is one.)"""
+    over = dict(MASKED_VARIANTS[suffix])
+    sect = {s: {k.split(".")[1]: v for k, v in over.items() if k.startswith(s + ".")} for s in ("projection", "basis")}
+    p0 = tiny_params(prompts_per_step=4)
+    p = tiny_params(projection=sect["projection"] or None, basis=sect["basis"] or None, prompts_per_step=4)
+    if "adapter.quarantine" in over:
+        p = dataclasses.replace(p, adapter=dataclasses.replace(p.adapter, quarantine=over["adapter.quarantine"]))
+    v = run(world, f"route_masked_{suffix}", tmp_path / "v", p=p0)
+    assert same(v, run(world, "route_masked", tmp_path / "p", p=p))
+    assert not same(v, run(world, "route_masked", tmp_path / "plain", p=p0))
 
 
 def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):

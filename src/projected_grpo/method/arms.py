@@ -23,6 +23,7 @@ REWARDS = ("correct_or_hinted", "gt_only")
 MONITORS = (None, "penalty", "screening")
 GATES = (None, "rollout", "token")  # what a routing gate decides per: a whole rollout, or each completion token
 ROLES = ("baseline", "candidate", "control", "oracle")
+OVERRIDABLE = ("adapter.quarantine", "basis.space")  # besides projection.*: what an arm may set (Arm.overrides)
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class Arm:
     # what routing can do with a perfect gate. It breaks the no-cheat invariant on purpose, so the name carries
     # "oracle" (role oracle: labelled so in every table, never eligible to win).
     oracle_gate: bool = False
-    # Params this arm runs with instead of params.yaml's (dotted keys; projection.* and adapter.quarantine): a variant
+    # Params this arm runs with instead of params.yaml's (dotted keys: projection.*, adapter.quarantine, basis.space —
+    # what only the train and evaluate stages read; the basis stage writes the activation direction whatever
+    # basis.space says): a variant
     # of a rule (e.g. route_masked_tail = route_masked with projection.band tail) is an arm of its own, so the DVC
     # matrix runs it beside the others, the baseline and its control are trained once, and the report and win rule
     # treat it as any arm. train and evaluate read `params(p)`.
@@ -51,9 +54,11 @@ class Arm:
     def __post_init__(self) -> None:
         if self.oracle_gate and (self.gate != "rollout" or "oracle" not in self.name):
             raise ValueError(f"arm {self.name}: an oracle gate is a per-rollout gate on an arm named *oracle*")
-        bad = [k for k, _ in self.overrides if not (k.startswith("projection.") or k == "adapter.quarantine")]
+        bad = [k for k, _ in self.overrides if not (k.startswith("projection.") or k in OVERRIDABLE)]
         if bad:
-            raise ValueError(f"arm {self.name}: overrides {bad}: an arm may set projection.* and adapter.quarantine")
+            raise ValueError(
+                f"arm {self.name}: overrides {bad}: an arm may set projection.*, {', '.join(OVERRIDABLE)}"
+            )
 
     def params(self, p):
         """The run's params: `p` (params.yaml's) with this arm's overrides."""
@@ -88,13 +93,16 @@ class Arm:
 ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 # Issue 25's masked-routing variants: route_masked_<suffix> (with its _random control and _oracle bound) runs with
 # these params. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline; q: the knob in
-# its own directions; deploy: a quarter of the groups sampled and trained knob off.
+# its own directions; deploy: a quarter of the groups sampled and trained knob off; act: the gate in activation space
+# (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's).
 MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "tail": (("projection.band", "tail"),),
     "mr": (("projection.main_baseline", "main_rows"),),
     "q": (("adapter.quarantine", "separate"),),
     "deploy": (("projection.deploy_frac", 0.25),),
     "mr_q": (("projection.main_baseline", "main_rows"), ("adapter.quarantine", "separate")),
+    "act": (("basis.space", "act"),),
+    "act_mr": (("basis.space", "act"), ("projection.main_baseline", "main_rows")),
 }
 
 
