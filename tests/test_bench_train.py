@@ -163,3 +163,32 @@ def test_benchmarks_only_import_and_define_at_import():
             if not ok:
                 bad.append(f"{f.name}:{n.lineno}: {ast.unparse(n)[:80]}")
     assert not bad, f"done at import: {bad}"
+
+
+# benchmarks/dag.py's arithmetic, in a fresh interpreter as above: stage times from a resumed `repro -j` log, list
+# scheduling, and what a basis change re-runs.
+_DAG = r"""
+import json
+from dag import downstream, simulate, stage_times
+
+log = ["[  0 s] start  a", "[  5 s] start  b", "[ 10 s] done   a", "[ 12 s] start  b", "[ 30 s] done   b"]
+deps = {"a": set(), "basis": {"a"}, "t1": {"basis"}, "t2": {"basis"}, "other": {"a"}, "report": {"t1", "t2", "other"}}
+dur = {"a": 10.0, "basis": 5.0, "t1": 20.0, "t2": 20.0, "other": 30.0, "report": 1.0}
+sub, sub_deps = downstream("basis", dur, deps)
+print(json.dumps({"times": stage_times(log), "one": simulate(dur, deps, 1), "two": simulate(dur, deps, 2),
+                  "sub": sorted(sub), "sub_deps": {k: sorted(v) for k, v in sub_deps.items()},
+                  "sub_two": simulate(sub, sub_deps, 2)}))
+"""
+
+
+def test_dag_benchmark_times_schedules_and_downstream():
+    r = subprocess.run([sys.executable, "-c", _DAG], cwd=BENCH, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["times"] == {"a": 10.0, "b": 18.0}  # a stage started again keeps its last span
+    assert out["one"] == 86.0  # the sum
+    # two at a time: a (0-10); then other (10-40) beside basis (10-15), t1 (15-35), t2 (35-55); report 55-56
+    assert out["two"] == 56.0
+    assert out["sub"] == ["basis", "report", "t1", "t2"]  # `other` does not read the basis
+    assert out["sub_deps"] == {"basis": [], "report": ["t1", "t2"], "t1": ["basis"], "t2": ["basis"]}
+    assert out["sub_two"] == 26.0  # basis 0-5, t1 and t2 side by side 5-25, report 25-26
