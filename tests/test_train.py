@@ -407,6 +407,7 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_masked", "heal"),
     ("route_masked", "main_rows"),
     ("route_masked_act", ""),
+    ("route_per_token", "act"),
     ("route_masked_mr_q", ""),
 ]
 
@@ -458,6 +459,7 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
         ("route_per_rollout", ""),
         ("route_per_token", ""),
         ("route_per_rollout", "act"),
+        ("route_per_token", "act"),
         ("route_per_rollout", "shared"),
     ],
 )
@@ -783,7 +785,7 @@ def test_refresh_and_gates_need_their_inputs(world, tmp_path):
         train(tiny_params(), a, *args, rb=RunBasis(world["basis"]))
     with pytest.raises(ValueError, match="needs a basis"):
         train(tiny_params(), a, *args)
-    with pytest.raises(ValueError, match="basis.space=act gates whole rollouts"):
+    with pytest.raises(ValueError, match="basis.space=act needs v_act"):  # per-token routing reads v_act too
         train(tiny_params(basis={"space": "act"}), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
     wrong = Basis({}, {}, {**world["act"].meta, "act_layer": 0}, world["act"].v_act)
     with pytest.raises(ValueError, match="act_layer"):
@@ -1087,6 +1089,38 @@ def test_act_score_from_the_loss_forward_equals_pooled_projection(world, layer):
     s_loop = pool_tokens(hid["h"][:, Tp:], cm).float() @ v  # (n,)
     s_ref = pooled_activations(m, tok, recs, texts, layer).float() @ v
     torch.testing.assert_close(s_loop, s_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_act_token_scores_of_the_loop_equal_the_calibration_s(world, layer):
+    """Per-token routing with basis.space=act: the windowed h·v_act the loop reads from its loss forward (left-padded
+    prompts, `completion_positions`) equals, token for token, what the gate is calibrated on
+    (`gate.calibration_token_act_scores`, right padding): the same position predicts the same token; and the
+    window averages over completion tokens only."""
+    from projected_grpo.method import projection as proj
+    from projected_grpo.method.gate import calibration_token_act_scores
+    from projected_grpo.policy.logprobs import rollout_logprobs
+
+    tok, cal = world["tok"], world["cal"]
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    recs, texts = cal.records * 2, cal.hack + cal.clean
+    prompts, comps = encode(tok, recs, texts)
+    Tp = max(len(x) for x in prompts)
+    pi = torch.full((len(prompts), Tp), tok.pad_token_id, dtype=torch.long)
+    pm = torch.zeros_like(pi)
+    for i, x in enumerate(prompts):
+        pi[i, Tp - len(x) :], pm[i, Tp - len(x) :] = torch.tensor(x), 1
+    ci, cm = padded([tuple(c) for c in comps], tok.pad_token_id)
+    v = torch.randn(m.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), residual_capture(m, layer) as hid:
+        rollout_logprobs(m, pi, pm, ci, cm, 0.7)
+    s_loop = proj.act_token_scores(proj.completion_positions(hid["h"].float() @ v, Tp), cm, 3)
+    s_cal, unit = calibration_token_act_scores(m, tok, recs, texts, layer, v, 3)
+    torch.testing.assert_close(s_loop[cm.bool()].float(), s_cal.float(), atol=1e-5, rtol=1e-4)
+    assert unit.tolist() == [i for i, c in enumerate(comps) for _ in c]
+    one = proj.act_token_scores(torch.tensor([[1.0, 2.0, 3.0, 9.0]]), torch.tensor([[1, 1, 1, 0]]), 3)
+    assert one.tolist() == [[1.5, 2.0, 2.5, 0.0]]  # the padded 9 is never averaged in
 
 
 # --- grpo.share_prompt: each distinct prompt once in the loss forwards -----------------------------------------------

@@ -432,7 +432,8 @@ class BasisParams:
     pairset: str = "prog_wide"
     # svd (top-k of the pair differences), mean_diff (k=1), random (Haar, same k per module), solve_orth.
     method: str = "svd"
-    # grad: directions in δS coordinates; act: a residual-stream direction (activation routing).
+    # grad: the routing gate scores gradients against v_hack; act: it scores the residual stream against v_act (per
+    # rollout: completion-pooled; per token: windowed), the routed amount still along v_hack in δS coordinates.
     space: str = "grad"
     # k_max: most directions kept per module.
     k: int = 8

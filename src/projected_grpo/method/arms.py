@@ -143,6 +143,10 @@ def _registry() -> dict[str, Arm]:
     # separates "the gate fails" from "the routing mechanics fail"
     for edit in ("route_per_rollout", "route_two_sided", "route_full", "route_masked"):
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
+    for edit, gate in (("route_per_rollout", "rollout"), ("route_per_token", "token")):  # the act gate (v_act)
+        name, kw = f"{edit}_act", {"gate": gate, "family": ROUTE, "overrides": (("basis.space", "act"),)}
+        arms.append(Arm(name, edit, control=f"{name}_random", **kw))
+        arms.append(Arm(f"{name}_random", edit, random_dir=True, **kw))
     for suffix, over in MASKED_VARIANTS.items():
         name, kw = f"route_masked_{suffix}", {"gate": "rollout", "family": ROUTE, "overrides": over}
         arms.append(Arm(name, "route_masked", control=f"{name}_random", **kw))

@@ -72,8 +72,9 @@ def mass_matched(p, arm: Arm) -> bool:
 
 
 def act_gated(p, arm: Arm) -> bool:
-    """Per-rollout routing gated in activation space (basis.space=act); the routed amount still uses Vh."""
-    return p.basis.space == "act" and arm.gate == "rollout"
+    """Routing gated in activation space (basis.space=act), per rollout or per token; the routed amount still uses
+    Vh."""
+    return p.basis.space == "act" and arm.gate is not None
 
 
 def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldOutPairs | None, HeldOutPairs | None]:
@@ -121,8 +122,6 @@ def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
         )
     if mass_matched(p, arm) and rb.matched is None:
         raise ValueError(f"{arm.name} with projection.random_match=mass needs v_hack: pass `matched` (stage: --basis)")
-    if p.basis.space == "act" and arm.gate == "token":
-        raise ValueError("basis.space=act gates whole rollouts; use route_per_rollout or set basis.space=grad")
     layer = p.basis.act_layer
     if act_gated(p, arm) and (rb.act is None or rb.act.meta.get("act_layer") != layer):
         raise ValueError(

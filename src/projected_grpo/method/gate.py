@@ -26,7 +26,7 @@ from projected_grpo.common.stats import auroc_interval, contains
 from projected_grpo.method import projection as proj
 from projected_grpo.method.basis import Basis, auroc, completion_grads, cosine_scores, encode, pooled_activations
 from projected_grpo.policy.adapter import probes, token_capture
-from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, mean_nll
+from projected_grpo.policy.logprobs import batch_sequences, completion_logprobs, mean_nll, on_model
 
 GATE_CI_BOOT, GATE_CI_SEED = 1000, 0  # bootstrap of the calibration AUROC's interval: resamples, fixed seed
 logger = logging.getLogger(__name__)
@@ -83,6 +83,26 @@ def calibration_token_scores(
         out.append(sc[mask.bool()])
         rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)  # (b, L − 1)
         unit.append(rows[mask.bool()])
+    return torch.cat(out), torch.cat(unit)
+
+
+def calibration_token_act_scores(
+    model, tok, records, completions: list[str], layer: int, v_act: Tensor, window: int, batch_size: int = 16
+) -> tuple[Tensor, Tensor]:
+    """As `calibration_token_scores`, with the per-token activation score (`proj.act_token_scores`): ((n_tokens,)
+    windowed h·v_act over the completion tokens, (n_tokens,) index of each token's completion)."""
+    prompts, comps = encode(tok, records, completions)
+    out, unit = [], []
+    for s in range(0, len(prompts), batch_size):
+        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
+        ids, att, cm = on_model(model, ids, att, cm)
+        with torch.no_grad(), residual_capture(model, layer) as hid:
+            model(input_ids=ids, attention_mask=att)
+        mask = cm[:, 1:]  # (b, L − 1): position j predicts token j + 1, as completion_logprobs' mask
+        sc = proj.act_token_scores((hid["h"].float() @ v_act.float().to(hid["h"].device))[:, :-1], mask, window)
+        out.append(sc[mask.bool()].cpu())
+        rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)
+        unit.append(rows[mask.bool()].cpu())
     return torch.cat(out), torch.cat(unit)
 
 
@@ -146,7 +166,16 @@ def calibrate_gate(
     if not kept:  # nothing to route: an infinite threshold gates nothing
         return (math.inf, math.inf), math.nan, (math.nan, math.nan), {}
     units = (None, None)  # per rollout: hack i and clean i are pair i
-    if gate == "token":
+    if gate == "token" and act_layer is not None:  # windowed h·v_act per completion token
+        (sh, uh), (sc, uc) = (
+            calibration_token_act_scores(
+                model, tok, cal.records, side, act_layer, cur.v_act, pj.token_window, batch_size
+            )
+            for side in (cal.hack, cal.clean)
+        )
+        units = (uh, uc)
+        auc = proj.rank_auroc(sh, sc)
+    elif gate == "token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
         (sh, uh), (sc, uc) = (
             calibration_token_scores(

@@ -259,6 +259,16 @@ def token_scores(dot: Tensor, sq: Tensor, mask: Tensor, sign: Tensor, w: int, nu
     return torch.where(mask.bool(), s, torch.zeros_like(s))
 
 
+def act_token_scores(proj_h: Tensor, mask: Tensor, w: int) -> Tensor:
+    """Windowed per-token activation scores (basis.space=act, per-token routing): (N, T) h_{n,t}·v_act, the residual
+    stream at the position that predicts completion token t projected on v_act, averaged over the window's completion
+    tokens; (N, T) fp64, 0 off the completion. No sign(A): an activation does not depend on the advantage (as the
+    per-rollout act gate)."""
+    mk = mask.to(torch.float64)
+    s = window_sum(proj_h.double() * mk, w) / window_sum(mk, w).clamp(min=1)
+    return torch.where(mask.bool(), s, torch.zeros_like(s))
+
+
 def token_gate(s: Tensor, adv: Tensor, mask: Tensor, tau_lo: float, tau_hi: float, band: str = "soft") -> Tensor:
     """(N, T) token scores, (N,) advantages, (N, T) completion mask -> (N, T) gates: `band_gate` per token, and 0 on
     prompt/padding positions and on rows with A_n = 0 (no policy-gradient term)."""

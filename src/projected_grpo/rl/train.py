@@ -284,6 +284,7 @@ class Grads:
     pooled: Tensor | None  # (N, d) completion-pooled residual stream (activation gate)
     stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
     knob_raw: dict[str, Tensor] | None = None  # {m: (D_m,)} δS_h.grad of a masked forward (else it equals raw)
+    tok_act: Tensor | None = None  # (N, T) h_{n,t}·v_act at the position predicting token t (per-token act gate)
 
 
 def loss_backward(
@@ -314,7 +315,7 @@ def loss_backward(
     model.zero_grad(set_to_none=True)
     rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
     tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
-    tok_dot, tok_sq, pooled = [], [], []  # (b, T), (b, T), (b, d) per micro-batch
+    tok_dot, tok_sq, pooled, tok_act = [], [], [], []  # (b, T), (b, T), (b, d), (b, T) per micro-batch
     stats = {"clip_frac": 0.0, "kl": 0.0}
     dirs = token_dirs(d.cur, d.kept) if per_token else {}
     for sl, ref in zip(mbs, refs):
@@ -359,7 +360,9 @@ def loss_backward(
                 tok_alpha[n].append(proj.completion_positions(a.token_coef[..., :-1].detach(), Tp).clone())
             dot, sq = token_sums(caps)
             tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
-        if d.act_layer is not None:
+        if d.act_layer is not None and per_token:  # h·v_act at the position predicting each completion token
+            tok_act.append(proj.completion_positions(hid["h"].float() @ d.cur.v_act.float(), Tp))
+        elif d.act_layer is not None:
             pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
         w = pi.shape[0] / N
         stats = {key: stats[key] + w * m[key] for key in stats}
@@ -374,6 +377,7 @@ def loss_backward(
         pooled=cat(pooled),
         stats=stats,
         knob_raw=None if masks is None else {n: grad_or_zero(ads[n].knob) for n in d.names},
+        tok_act=cat(tok_act),
     )
 
 
@@ -413,9 +417,12 @@ def live_gates(
         m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
         if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
             m_gate = torch.where(adv == 0, 0.0, hack.to(m_gate))
-    elif arm.gate == "token" and d.kept:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
-        nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
-        live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
+    elif arm.gate == "token" and d.kept:
+        if d.act_layer is not None:  # s_{n,t} = windowed h_{n,t}·v_act over completion tokens
+            live = proj.act_token_scores(gr.tok_act, mask, pj.token_window)
+        else:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
+            nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
+            live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
         m_tok = proj.token_gate(live, adv, mask, tau[0], tau[1], pj.band)
     m_gate[n_on:], m_tok[n_on:] = 0, 0
     return m_gate, m_tok, live
