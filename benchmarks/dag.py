@@ -188,6 +188,20 @@ def default_dag(work: Path, rows: dict[str, float], scale: str) -> tuple[dict[st
     return dur, dd
 
 
+def resumed_train_times(times: dict[str, float], ph: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`times` with each train stage whose logged span is shorter than its steps' summed wall time (it was killed and
+    resumed: the log holds only its last span) replaced by that sum plus the median start-up (span − summed steps) of
+    the train stages that ran whole. Returns only the replaced stages."""
+    import statistics
+
+    tr = {n: t for n, t in times.items() if n in ph and "step" in ph[n]}
+    whole = [t - ph[n]["step"] for n, t in tr.items() if t >= ph[n]["step"]]
+    if not whole:
+        return {}
+    start_up = statistics.median(whole)
+    return {n: ph[n]["step"] + start_up for n, t in tr.items() if t < ph[n]["step"]}
+
+
 def downstream(stage: str, dur: dict[str, float], deps: dict[str, set[str]]):
     """(durations, deps) of `stage` and every stage downstream of it: what a change of its params re-runs."""
     from projected_grpo.repro import closure
@@ -263,6 +277,11 @@ def main(
         help="1: stage by stage (`dvc repro -s`); N > 1: the whole DAG through "
         "`python -m projected_grpo.repro -j N`, its total wall time reported too.",
     ),
+    borrow: str = typer.Option(
+        "",
+        help="With --from-log: a label of the report whose measured times fill the stages the logs lack (stages DVC "
+        "skipped as unchanged, e.g. organism); they are named in the note.",
+    ),
     from_log: list[Path] = typer.Option(
         None,
         help="Read the stage times of a real default run instead of running "
@@ -278,6 +297,19 @@ def main(
         times = {}
         for f in from_log:
             times |= stage_times(f.read_text().splitlines())
+        fixed = resumed_train_times(times, phases(work))
+        times |= fixed
+        if fixed:
+            note += (
+                f" Resumed train stages ({', '.join(sorted(fixed))}): their steps' summed wall time plus the median "
+                "start-up of the others."
+            )
+        if borrow:
+            old = json.loads(out.with_suffix(".json").read_text())[borrow]["measured"]
+            lent = {s: old[s] for s in stage_order(work) if s not in times and s in old}
+            times |= lent
+            if lent:
+                note += f" Not run here (unchanged, cached), times from `{borrow}`: {', '.join(sorted(lent))}."
         (work / "times.tsv").write_text("".join(f"{k}\t{v:.1f}\n" for k, v in times.items()))
         report_only = True
     else:

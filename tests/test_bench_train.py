@@ -169,7 +169,7 @@ def test_benchmarks_only_import_and_define_at_import():
 # scheduling, and what a basis change re-runs.
 _DAG = r"""
 import json
-from dag import downstream, simulate, stage_times
+from dag import downstream, resumed_train_times, simulate, stage_times
 
 log = ["[  0 s] start  a", "[  5 s] start  b", "[ 10 s] done   a", "[ 12 s] start  b", "[ 30 s] done   b"]
 deps = {"a": set(), "basis": {"a"}, "t1": {"basis"}, "t2": {"basis"}, "other": {"a"}, "report": {"t1", "t2", "other"}}
@@ -177,7 +177,10 @@ dur = {"a": 10.0, "basis": 5.0, "t1": 20.0, "t2": 20.0, "other": 30.0, "report":
 sub, sub_deps = downstream("basis", dur, deps)
 print(json.dumps({"times": stage_times(log), "one": simulate(dur, deps, 1), "two": simulate(dur, deps, 2),
                   "sub": sorted(sub), "sub_deps": {k: sorted(v) for k, v in sub_deps.items()},
-                  "sub_two": simulate(sub, sub_deps, 2)}))
+                  "sub_two": simulate(sub, sub_deps, 2),
+                  "resumed": resumed_train_times({"t1": 110.0, "t2": 95.0, "t3": 12.0, "e": 5.0},
+                                                 {"t1": {"step": 100.0}, "t2": {"step": 90.0}, "t3": {"step": 80.0},
+                                                  "e": {"wall": 5.0}})}))
 """
 
 
@@ -192,3 +195,5 @@ def test_dag_benchmark_times_schedules_and_downstream():
     assert out["sub"] == ["basis", "report", "t1", "t2"]  # `other` does not read the basis
     assert out["sub_deps"] == {"basis": [], "report": ["t1", "t2"], "t1": ["basis"], "t2": ["basis"]}
     assert out["sub_two"] == 26.0  # basis 0-5, t1 and t2 side by side 5-25, report 25-26
+    # t3's log span (12 s) is shorter than its 80 s of steps: resumed; start-up = median(10, 5) = 7.5 s
+    assert out["resumed"] == {"t3": 87.5}
