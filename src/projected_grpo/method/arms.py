@@ -94,7 +94,8 @@ ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 # Issue 25's masked-routing variants: route_masked_<suffix> (with its _random control and _oracle bound) runs with
 # these params. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline; q: the knob in
 # its own directions; deploy: a quarter of the groups sampled and trained knob off; act: the gate in activation space
-# (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's).
+# (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's);
+# heal: a retain heal after the last step (rl/heal.py).
 MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "tail": (("projection.band", "tail"),),
     "mr": (("projection.main_baseline", "main_rows"),),
@@ -103,6 +104,7 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "mr_q": (("projection.main_baseline", "main_rows"), ("adapter.quarantine", "separate")),
     "act": (("basis.space", "act"),),
     "act_mr": (("basis.space", "act"), ("projection.main_baseline", "main_rows")),
+    "heal": (("projection.heal_steps", 7),),  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
 }
 
 
