@@ -765,6 +765,7 @@ SIGNATURE_DEFAULTS = {
         "grad_checkpointing": False,
     },
     "rollout": {"batch_size": None},
+    "adapter": {"quarantine": "shared"},
     "projection": {"deploy_frac": 0.0, "main_baseline": "group", "heal_steps": 0, "heal_lr": 1.0e-3, "heal_batch": 8},
 }
 
