@@ -45,10 +45,9 @@ class Arm:
     oracle_gate: bool = False
     # Params this arm runs with instead of params.yaml's (dotted keys: projection.*, adapter.quarantine, basis.space —
     # what only the train and evaluate stages read; the basis stage writes the activation direction whatever
-    # basis.space says): a variant
-    # of a rule (e.g. route_masked_tail = route_masked with projection.band tail) is an arm of its own, so the DVC
-    # matrix runs it beside the others, the baseline and its control are trained once, and the report and win rule
-    # treat it as any arm. train and evaluate read `params(p)`.
+    # basis.space says). A variant of a rule (e.g. route_masked_tail = route_masked with projection.band tail) is an
+    # arm of its own, so the DVC matrix runs it beside the others, the baseline and its control are trained once, and
+    # the report and win rule treat it as any arm. train and evaluate read `params(p)`.
     overrides: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
@@ -147,8 +146,8 @@ def _registry() -> dict[str, Arm]:
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
     for edit, gate in (("route_per_rollout", "rollout"), ("route_per_token", "token")):  # the act gate (v_act)
         name, kw = f"{edit}_act", {"gate": gate, "family": ROUTE, "overrides": (("basis.space", "act"),)}
-        arms.append(Arm(name, edit, control=f"{name}_random", **kw))
-        arms.append(Arm(f"{name}_random", edit, random_dir=True, **kw))
+        arms.append(Arm(name, edit, control=f"{name}_random", **kw))  # controls matched as their rule's are:
+        arms.append(Arm(f"{name}_random", edit, random_dir=True, mass_matched=gate == "rollout", **kw))
     for suffix, over in MASKED_VARIANTS.items():
         name, kw = f"route_masked_{suffix}", {"gate": "rollout", "family": ROUTE, "overrides": over}
         arms.append(Arm(name, "route_masked", control=f"{name}_random", **kw))
