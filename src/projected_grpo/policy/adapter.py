@@ -81,12 +81,15 @@ class Adapter(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:  # (N, T, d_in) -> (N, T, d_out)
         y = self.base(x)
-        if not self.enabled:
-            return y
+        return y + self.update(x) if self.enabled else y
+
+    def update(self, x: Tensor) -> Tensor:  # (N, T, d_in) -> (N, T, d_out): ΔW x at the current δS, δS_h
+        """The adapter's part of the output: δS + δS_h on the main's directions, or with a separate quarantine δS there
+        and δS_h on the knob's own."""
         main, knob = self.coefficients()
         if not self.separate:
-            return y + self.correction(x, main + knob)
-        return y + self.correction(x, main) + self.quarantine(x, knob)
+            return self.correction(x, main + knob)
+        return self.correction(x, main) + self.quarantine(x, knob)
 
     def coefficients(self) -> tuple[Tensor, Tensor]:
         """(δS, δS_h), (D,) each; under `row_masks` per row, (N, 1, D) each: row n runs with δS (its gradient
@@ -184,21 +187,23 @@ class LoRAAdapter(Adapter):
     def quarantine(self, x: Tensor, s: Tensor) -> Tensor:
         xa = x @ self.Aq.T
         xa = xa.to(torch.promote_types(xa.dtype, s.dtype))
-        d_out, r = self.base.out_features, self.Aq.shape[0]
-        if s.dim() == 1:
-            return (xa @ s.to(xa.dtype).view(d_out, r).T).to(x.dtype)
-        return torch.einsum("ntr,nor->nto", xa, s[:, 0].to(xa.dtype).view(-1, d_out, r)).to(x.dtype)
+        return self._times_B(xa, s, None).to(x.dtype)
+
+    def _times_B(self, xa: Tensor, s: Tensor, probe: Tensor | None) -> Tensor:
+        """(N, T, r) A x, coefficients s ((D,) or per row (N, 1, D)) -> (N, T, d_out) B (A x), B = s viewed as
+        (d_out, r), per row B_n (+ E_n) where a probe or per-row coefficients are given."""
+        d_out, r = self.base.out_features, xa.shape[-1]
+        if s.dim() == 1 and probe is None:
+            return xa @ s.to(xa.dtype).view(d_out, r).T
+        rows = (s if s.dim() == 1 else s[:, 0]).to(xa.dtype)
+        rows = rows + (0 if probe is None else probe.to(xa.dtype))  # (N, D)
+        return torch.einsum("ntr,nor->nto", xa, rows.view(-1, d_out, r))
 
     def correction(self, x: Tensor, s: Tensor) -> Tensor:
         xa = x @ self.A.T  # (N, T, r)
         xa = xa.to(torch.promote_types(xa.dtype, s.dtype))  # fp32 at least (δS is an fp32 master)
         d_out, r = self.base.out_features, self.A.shape[0]
-        if s.dim() == 1 and self.probe is None:
-            out = xa @ s.to(xa.dtype).view(d_out, r).T  # (N, T, d_out)
-        else:  # per-row matrices B_n (+ E_n): a probe, or per-row coefficients (row_masks, s of shape (N, 1, D))
-            rows = (s if s.dim() == 1 else s[:, 0]).to(xa.dtype)
-            rows = rows + (0 if self.probe is None else self.probe.to(xa.dtype))  # (N, D)
-            out = torch.einsum("ntr,nor->nto", xa, rows.view(-1, d_out, r))
+        out = self._times_B(xa, s, self.probe)  # (N, T, d_out)
         # per-token gradient on vec(B) is γ_t (A x_t)ᵀ; its coefficient on direction j is γ_tᵀ V_j (A x_t)
         dirs = None if self.token_dirs is None else self.token_dirs.to(xa.dtype).view(-1, d_out, r)  # (k, d_out, r)
         self._capture(
@@ -519,11 +524,9 @@ def adapter_is_zero(model: nn.Module) -> bool:
 def delta_weight(a: Adapter) -> torch.Tensor:
     """The dense (d_out, d_in) weight update of adapter `a` at its current δS and δS_h (linear in x, so read it off
     the identity)."""
-    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device).unsqueeze(0)
+    eye = torch.eye(a.base.in_features, dtype=a.base.weight.dtype, device=a.base.weight.device)
     with torch.no_grad():
-        if not a.separate:
-            return a.correction(eye, (a.delta + a.knob).detach())[0].T.to(a.base.weight.dtype)
-        return (a.correction(eye, a.delta.detach()) + a.quarantine(eye, a.knob.detach()))[0].T.to(a.base.weight.dtype)
+        return a.update(eye.unsqueeze(0))[0].T.to(a.base.weight.dtype)
 
 
 @contextmanager
