@@ -56,6 +56,21 @@ def token_sums(caps: dict) -> tuple[Tensor, Tensor]:
     return dot, sq
 
 
+def per_token_over(tok, records, completions: list[str], batch_size: int, score) -> tuple[Tensor, Tensor]:
+    """((n_tokens,) scores, (n_tokens,) index of each token's completion) over the completion tokens of held-out
+    completions, batch by batch: `score(ids, att, cm)` -> ((b, L − 1) scores, (b, L − 1) mask), position j scoring
+    token j + 1."""
+    prompts, comps = encode(tok, records, completions)
+    out, unit = [], []
+    for s in range(0, len(prompts), batch_size):
+        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
+        sc, mask = score(ids, att, cm)
+        out.append(sc[mask.bool()])
+        rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)  # (b, L − 1)
+        unit.append(rows[mask.bool()])
+    return torch.cat(out), torch.cat(unit)
+
+
 def calibration_token_scores(
     model,
     tok,
@@ -70,40 +85,34 @@ def calibration_token_scores(
     """((n_tokens,) windowed token scores, (n_tokens,) index of each token's completion) of held-out completions over
     their completion tokens, at the current parameters. The gradient is that of the mean NLL (as the basis stage's),
     so sign(A) = +1."""
-    prompts, comps = encode(tok, records, completions)
-    out, unit = [], []
-    for s in range(0, len(prompts), batch_size):
-        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
+
+    def score(ids, att, cm):
         with probes(model, ids.shape[0]) as es, token_capture(model, dirs) as caps:
             logp, mask = completion_logprobs(model, ids, att, cm, temperature)  # (b, L − 1): position j predicts j+1
             mean_nll(logp, mask).sum().backward(inputs=list(es.values()))
         dot, sq = token_sums(caps)  # (b, L); the last position predicts nothing
         sign = torch.ones(ids.shape[0], device=dot.device)  # NLL gradients: the sign a hack rollout with A > 0 has
-        sc = proj.token_scores(dot[:, :-1], sq[:, :-1], mask, sign, window, nu_sq)
-        out.append(sc[mask.bool()])
-        rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)  # (b, L − 1)
-        unit.append(rows[mask.bool()])
-    return torch.cat(out), torch.cat(unit)
+        return proj.token_scores(dot[:, :-1], sq[:, :-1], mask, sign, window, nu_sq), mask
+
+    return per_token_over(tok, records, completions, batch_size, score)
 
 
 def calibration_token_act_scores(
     model, tok, records, completions: list[str], layer: int, v_act: Tensor, window: int, batch_size: int = 16
 ) -> tuple[Tensor, Tensor]:
-    """As `calibration_token_scores`, with the per-token activation score (`proj.act_token_scores`): ((n_tokens,)
-    windowed h·v_act over the completion tokens, (n_tokens,) index of each token's completion)."""
-    prompts, comps = encode(tok, records, completions)
-    out, unit = [], []
-    for s in range(0, len(prompts), batch_size):
-        ids, att, cm = batch_sequences(prompts[s : s + batch_size], comps[s : s + batch_size], tok.pad_token_id)
+    """As `calibration_token_scores`, with the per-token activation score (`proj.act_token_scores`): windowed h·v_act
+    over the completion tokens."""
+
+    def score(ids, att, cm):
         ids, att, cm = on_model(model, ids, att, cm)
         with torch.no_grad(), residual_capture(model, layer) as hid:
             model(input_ids=ids, attention_mask=att)
         mask = cm[:, 1:]  # (b, L − 1): position j predicts token j + 1, as completion_logprobs' mask
-        sc = proj.act_token_scores((hid["h"].float() @ v_act.float().to(hid["h"].device))[:, :-1], mask, window)
-        out.append(sc[mask.bool()].cpu())
-        rows = torch.arange(s, s + ids.shape[0], device=mask.device)[:, None].expand_as(mask)
-        unit.append(rows[mask.bool()].cpu())
-    return torch.cat(out), torch.cat(unit)
+        return proj.act_token_scores(
+            (hid["h"].float() @ v_act.float().to(hid["h"].device))[:, :-1], mask, window
+        ), mask
+
+    return per_token_over(tok, records, completions, batch_size, score)
 
 
 # --- the activation-space score (basis.space=act) ------------------------------------------------------------------
@@ -173,7 +182,7 @@ def calibrate_gate(
             )
             for side in (cal.hack, cal.clean)
         )
-        units = (uh, uc)
+        sh, sc, units = sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
         auc = proj.rank_auroc(sh, sc)
     elif gate == "token":
         dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
