@@ -22,12 +22,13 @@ def main(
     params: Path = typer.Option(Path("params.yaml"), help="Params file to validate."),
 ) -> None:
     p = check_params(params)
-    check_matrix(p.arms_ref, p.arms)  # names from the arms' registry, each in its list
-    for name in (*p.arms_ref, *p.arms):
+    check_matrix(p.arms_ref, p.arms, p.arms_oracle_basis)  # names from the arms' registry, each in its list
+    every = (*p.arms_ref, *p.arms, *p.arms_oracle_basis)
+    for name in every:
         get_arm(name).params(p)  # a variant arm's overrides give valid params
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(STAMP)
-    typer.echo(f"check_params: {params} is valid ({len(p.arms_ref) + len(p.arms)} arms x {len(p.seeds)} seeds)")
+    typer.echo(f"check_params: {params} is valid ({len(every)} arms x {len(p.seeds)} seeds)")
 
 
 app = stage_app(main, outputs=("out",))

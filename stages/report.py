@@ -38,23 +38,24 @@ def main(
     metrics: Path = typer.Option(..., help="metrics.json to write."),
     figures: Path = typer.Option(..., help="Directory for the figures."),
     routing: Path = typer.Option(..., help="routing.md to write: the routed arms seed by seed (report/routing.py)."),
-    params: Path = typer.Option(Path("params.yaml"), help="Params file (arms_ref, arms, seeds, eval)."),
+    params: Path = typer.Option(Path("params.yaml"), help="Params file (the arm lists, seeds, eval)."),
     basis_guard: Path = typer.Option(None, help=GUARD_HELP),
 ) -> None:
     p = load_params(params)
-    wanted = [("ref", a, s) for a in p.arms_ref for s in p.seeds] + [("arms", a, s) for a in p.arms for s in p.seeds]
+    arms = [*p.arms, *p.arms_oracle_basis]  # the oracle-basis arms (upper bounds) live beside the others
+    wanted = [("ref", a, s) for a in p.arms_ref for s in p.seeds] + [("arms", a, s) for a in arms for s in p.seeds]
     found = R.discover(wanted, evals, eval_sets, train_logs)
     runs, missing = found.runs, found.missing
     guard = json.loads(basis_guard.read_text()) if basis_guard is not None else None
     extra = R.extra_sections(found, probe)  # knob effect, the probe, what was not evaluated
     figs = [figures / "dynamics.png", figures / "endpoints.png"]
-    plot_dynamics(runs, list(p.arms_ref), list(p.arms), figs[0])
-    plot_endpoints(runs, list(p.arms_ref), list(p.arms), figs[1])
+    plot_dynamics(runs, list(p.arms_ref), arms, figs[0])
+    plot_endpoints(runs, list(p.arms_ref), arms, figs[1])
     line = R.settings_line(p)
     rel = [os.path.relpath(f, out.parent) for f in figs]
-    atomic.write_text(out, R.render(runs, list(p.arms_ref), list(p.arms), line, extra, rel, guard, found.gates))
-    atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), list(p.arms)))
-    order = R.ordered_arms(list(p.arms_ref), list(p.arms))
+    atomic.write_text(out, R.render(runs, list(p.arms_ref), arms, line, extra, rel, guard, found.gates))
+    atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), arms))
+    order = R.ordered_arms(list(p.arms_ref), arms)
     atomic.write_text(routing, render_routing(runs, order, found.effects, line))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 

@@ -9,7 +9,16 @@ import torch
 
 from projected_grpo.config import load_params, with_overrides
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import ARMS, BASIS_FREE, GATES, MASKED_VARIANTS, MONITORS, REWARDS, Arm
+from projected_grpo.method.arms import (
+    ARMS,
+    BASIS_FREE,
+    GATES,
+    MASKED_VARIANTS,
+    MONITORS,
+    ORACLE_BASIS_OF,
+    REWARDS,
+    Arm,
+)
 from projected_grpo.report import win_rule as W
 from projected_grpo.report.results import FAMILIES, ordered_arms
 from tests.conftest import ROOT
@@ -35,7 +44,10 @@ def test_roles_and_lists():
     assert set(BASIS_FREE) == {"vanilla", "gt_only", "penalty", "screening", "vanilla_no_pool"}
     rules = ("route_per_rollout", "route_two_sided", "route_full", "route_masked")
     oracle_gated = {f"{r}_oracle" for r in (*rules, *(f"route_masked_{v}" for v in MASKED_VARIANTS))}
-    assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"} | oracle_gated
+    oracle_basis = {f"{b}_oracle_basis" for b in ORACLE_BASIS_OF}  # their _random twins are controls
+    assert {n for n, a in ARMS.items() if a.role == "oracle"} == {"gt_only", "penalty", "screening"} | oracle_gated | (
+        oracle_basis
+    )
     assert {n for n, a in ARMS.items() if a.oracle_gate} == oracle_gated
     with pytest.raises(ValueError, match="oracle gate"):  # an oracle gate must say so in its name
         Arm("route_full_perfect", "route_full", gate="rollout", oracle_gate=True)

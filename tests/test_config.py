@@ -167,6 +167,23 @@ def test_arm_matrix_checked_against_the_registry(arms_ref, arms, msg):
     check_matrix(["vanilla", "gt_only"], ["measure_only", "route_per_rollout", "route_per_rollout_random"])
 
 
+def test_oracle_basis_arms_have_their_own_list():
+    """An *_oracle_basis arm reads the oracle_basis stage's basis, so only its own matrix list may hold it; and the
+    list holds nothing else."""
+    from projected_grpo.method.arms import ARMS, check_matrix
+
+    ob = ["route_masked_oracle_basis", "route_masked_oracle_basis_random"]
+    check_matrix(["vanilla"], ["measure_only"], ob)
+    assert (ARMS[ob[0]].role, ARMS[ob[1]].role) == ("oracle", "control") and ARMS[ob[0]].control == ob[1]
+    assert ARMS[ob[1]].random_dir and ARMS[ob[0]].edit == ARMS["route_masked"].edit
+    with pytest.raises(ValueError, match=r"route_masked_oracle_basis \(in arms, belongs in arms_oracle_basis\)"):
+        check_matrix(["vanilla"], ["measure_only", ob[0]])
+    with pytest.raises(ValueError, match=r"route_masked \(in arms_oracle_basis, belongs in arms\)"):
+        check_matrix(["vanilla"], [], ["route_masked"])
+    with pytest.raises(ValueError, match="more than once"):
+        check_matrix(["vanilla"], [], [ob[0], ob[0]])
+
+
 def test_config_holds_no_arm_names():
     """Adding an arm must not re-run stages that never read one: config.py (a dep of every stage) stays
     free of arms."""

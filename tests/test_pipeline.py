@@ -56,6 +56,7 @@ TINY = {  # every section the stages read, shrunk; the rest of params.yaml is th
     "projection": {"recal_every": 1},
     "eval": {"n_monitor": 2, "curve_every": 1, "n_samples": 1, "max_new_tokens": 8, "surfaces": ["train"]},
     "probe": {"n_rows": 6, "micro_batch": 4},
+    "oracle_basis": {"problems": 4, "samples": 2, "batch_size": 4},
     "arms_ref": ARMS_REF,
     "arms": ARMS,
     "seeds": [SEED],
@@ -120,6 +121,7 @@ ALL_STAGES = (
         "phenomenon",
         "eval_sets",
         "probe",
+        "oracle_basis",
         "report",
     }
     | names("train_ref", ARMS_REF, [SEED])
@@ -190,7 +192,7 @@ def test_a_rerun_reproduces_every_hash_and_timings_stay_out_of_the_tree(project)
     [
         ({"basis": {"pairset": "no_such_set"}}, "basis.pairset 'no_such_set' is not a known pair set"),
         ({"arms": ARMS + ["no_such_arm"]}, "arms: unknown arm(s) ['no_such_arm']"),
-        ({"arms": ARMS + ["vanilla"]}, "arms ['vanilla'] are in the wrong list"),
+        ({"arms": ARMS + ["vanilla"]}, "arms in the wrong list: vanilla (in arms, belongs in arms_ref)"),
         ({"grpo": {"steps": "many"}}, "grpo.steps must be an integer, got 'many'"),
     ],
 )
@@ -215,7 +217,7 @@ def test_bad_params_stop_the_pipeline_before_any_output_is_touched(project, sect
 def test_pairset_change_reruns_exactly_the_basis_and_what_reads_it(project):
     set_params(project, basis={"pairset": "prog_wider"})  # what `dvc exp run -S basis.pairset=prog_wider` writes
     ran = reproduce(project)
-    want = {"check_params", "basis", "probe", "report"} | names("train", ARMS, [SEED])
+    want = {"check_params", "basis", "probe", "oracle_basis", "report"} | names("train", ARMS, [SEED])
     assert ran == want | names("evaluate", ARMS, [SEED])
 
 
@@ -244,7 +246,7 @@ def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
     ran = reproduce(project)
     new = names("train_ref", ARMS_REF, [42]) | names("train", ARMS, [42])
     new |= names("evaluate_ref", ARMS_REF, [42]) | names("evaluate", ARMS, [42])
-    assert ran == new | {"check_params", "phenomenon", "report"}
+    assert ran == new | {"check_params", "phenomenon", "oracle_basis", "report"}
     assert "seeds 41, 42" in (project / "reports" / "results.md").read_text().lower().replace("[", "").replace("]", "")
 
 

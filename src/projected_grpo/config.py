@@ -482,6 +482,25 @@ class BasisParams:
                 raise ValueError(f"basis.modes: unknown or empty {list(self.modes)}; choose from {', '.join(MODES)}")
 
 
+@dataclass(frozen=True)
+class OracleBasisParams:
+    # The oracle basis (stage oracle_basis; an upper bound, read only by *_oracle_basis arms): holdout problems drawn
+    # (each under one training-surface loophole hint, the six in turn) and completions sampled per problem from the
+    # final checkpoint of each vanilla seed; then hack vs non-hack pairs of the same policy and prompt.
+    problems: int = 96
+    samples: int = 4
+    # Share of those problems whose pairs are held out (the gate's calibration, the AUROCs reported).
+    cal_frac: float = 0.34
+    # Prompts per sampling batch.
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.problems < 2 or self.samples < 2 or self.batch_size < 1:
+            raise ValueError("oracle_basis.problems and oracle_basis.samples must be >= 2, batch_size >= 1")
+        if not 0 < self.cal_frac < 1:
+            raise ValueError(f"oracle_basis.cal_frac must be in (0, 1), got {self.cal_frac}")
+
+
 SURFACES = ("eval", "train")  # hint surfaces of test records, in the order substrate writes them
 
 
@@ -567,6 +586,7 @@ class Params:
     projection: ProjectionParams = field(default_factory=ProjectionParams)
     eval: EvalParams = field(default_factory=EvalParams)
     probe: ProbeParams = field(default_factory=ProbeParams)
+    oracle_basis: OracleBasisParams = field(default_factory=OracleBasisParams)
     # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, and seeds. Names are
     # checked against the arms' registry by the check_params stage (arms.check_matrix), not here: config stays free of
     # arms.py, so adding an arm re-runs no stage that never reads one.
@@ -578,6 +598,9 @@ class Params:
         "route_per_rollout",
         "route_per_rollout_random",
     )
+    # Arms that read the oracle basis (*_oracle_basis: upper bounds, never eligible to win); their stages wait for
+    # vanilla's runs and the oracle_basis stage, so the default matrix has none.
+    arms_oracle_basis: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (41, 42, 43)
 
     def __post_init__(self) -> None:

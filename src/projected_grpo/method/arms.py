@@ -43,6 +43,10 @@ class Arm:
     # what routing can do with a perfect gate. It breaks the no-cheat invariant on purpose, so the name carries
     # "oracle" (role oracle: labelled so in every table, never eligible to win).
     oracle_gate: bool = False
+    # The arm reads the oracle basis (stage oracle_basis: v_hack and its held-out pairs from vanilla's own graded
+    # rollouts) instead of the pair set's: an upper bound on what the direction can give, named *_oracle_basis (role
+    # oracle), listed in params' arms_oracle_basis.
+    oracle_basis: bool = False
     # Params this arm runs with instead of params.yaml's (dotted keys: projection.*, adapter.quarantine, basis.space —
     # what only the train and evaluate stages read; the basis stage writes the activation direction whatever
     # basis.space says). A variant of a rule (e.g. route_masked_tail = route_masked with projection.band tail) is an
@@ -53,6 +57,8 @@ class Arm:
     def __post_init__(self) -> None:
         if self.oracle_gate and (self.gate != "rollout" or "oracle" not in self.name):
             raise ValueError(f"arm {self.name}: an oracle gate is a per-rollout gate on an arm named *oracle*")
+        if self.oracle_basis != ("oracle_basis" in self.name) or (self.oracle_basis and not self.reads_basis):
+            raise ValueError(f"arm {self.name}: exactly the arms named *oracle_basis* read the oracle basis")
         bad = [k for k, _ in self.overrides if not (k.startswith("projection.") or k in OVERRIDABLE)]
         if bad:
             raise ValueError(
@@ -81,11 +87,12 @@ class Arm:
 
     @property
     def role(self) -> str:
-        """oracle (reads ground truth: never wins), control (random directions), baseline (no edit), candidate."""
-        if self.monitor is not None or self.reward == "gt_only" or "oracle" in self.name:
-            return "oracle"
+        """control (random directions, an oracle-basis arm's too), oracle (reads ground truth: never wins), baseline
+        (no edit), candidate."""
         if self.random_dir:
             return "control"
+        if self.monitor is not None or self.reward == "gt_only" or "oracle" in self.name:
+            return "oracle"
         return "baseline" if self.edit in ("vanilla", "measure_only") else "candidate"
 
 
@@ -105,6 +112,10 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "act_mr": (("basis.space", "act"), ("projection.main_baseline", "main_rows")),
     "heal": (("projection.heal_steps", 7),),  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
 }
+
+
+# The arms that get an *_oracle_basis twin: the default matrix's edits and the masked-routing variants under study.
+ORACLE_BASIS_OF = ("erase_one_sided", "route_per_rollout", "route_masked", "route_masked_mr", "route_masked_act")
 
 
 def _registry() -> dict[str, Arm]:
@@ -153,11 +164,20 @@ def _registry() -> dict[str, Arm]:
         arms.append(Arm(name, "route_masked", control=f"{name}_random", **kw))
         arms.append(Arm(f"{name}_random", "route_masked", random_dir=True, **kw))
         arms.append(Arm(f"{name}_oracle", "route_masked", oracle_gate=True, **kw))
+    # issue 25's other upper bound: the same rules on the oracle basis (vanilla's own hack vs non-hack rollouts), each
+    # with its random control (Haar directions of the oracle basis' k per module), so the report separates "the
+    # direction fails" from "the mechanics fail"
+    for base in ORACLE_BASIS_OF:
+        a = next(x for x in arms if x.name == base)
+        name, kw = f"{base}_oracle_basis", {"gate": a.gate, "family": a.family, "overrides": a.overrides}
+        arms.append(Arm(name, a.edit, control=f"{name}_random", oracle_basis=True, **kw))
+        arms.append(Arm(f"{name}_random", a.edit, random_dir=True, oracle_basis=True, **kw))
     return {a.name: a for a in arms}
 
 
 ARMS: dict[str, Arm] = _registry()
 BASIS_FREE: tuple[str, ...] = tuple(n for n, a in ARMS.items() if not a.reads_basis)  # the names `arms_ref` takes
+ORACLE_BASIS: tuple[str, ...] = tuple(n for n, a in ARMS.items() if a.oracle_basis)  # what arms_oracle_basis takes
 
 
 def get_arm(name: str) -> Arm:
@@ -166,19 +186,27 @@ def get_arm(name: str) -> Arm:
     return ARMS[name]
 
 
-def check_matrix(arms_ref: tuple[str, ...] | list[str], arms: tuple[str, ...] | list[str]) -> None:
-    """params.yaml's `arms_ref` / `arms`: registered names, each once, the basis-free ones in arms_ref and the others
-    in arms (so a basis change never re-runs an arm that reads none). One-line ValueError otherwise."""
-    for key, names in (("arms_ref", arms_ref), ("arms", arms)):
+def check_matrix(
+    arms_ref: tuple[str, ...] | list[str],
+    arms: tuple[str, ...] | list[str],
+    arms_oracle_basis: tuple[str, ...] | list[str] = (),
+) -> None:
+    """params.yaml's `arms_ref` / `arms` / `arms_oracle_basis`: registered names, each once, the basis-free ones in
+    arms_ref, the oracle-basis ones in arms_oracle_basis and the others in arms (so a basis change never re-runs an arm
+    that reads none, and an arm's stage reads the basis it was built for). One-line ValueError otherwise."""
+    lists = (("arms_ref", arms_ref), ("arms", arms), ("arms_oracle_basis", arms_oracle_basis))
+    for key, names in lists:
         unknown = [a for a in names if a not in ARMS]
         if unknown:
             raise ValueError(f"{key}: unknown arm(s) {unknown}; known arms: {', '.join(ARMS)}")
-    wrong = [a for a in arms_ref if a not in BASIS_FREE] + [a for a in arms if a in BASIS_FREE]
+    home = lambda a: "arms_ref" if a in BASIS_FREE else "arms_oracle_basis" if a in ORACLE_BASIS else "arms"  # noqa: E731
+    wrong = [f"{a} (in {key}, belongs in {home(a)})" for key, names in lists for a in names if home(a) != key]
     if wrong:
         raise ValueError(
-            f"arms {wrong} are in the wrong list: arms_ref takes arms that read no basis "
-            f"({', '.join(BASIS_FREE)}), arms the ones that do"
+            f"arms in the wrong list: {', '.join(wrong)}; arms_ref takes arms that read no basis, arms_oracle_basis "
+            "the *_oracle_basis arms, arms the others"
         )
-    both = sorted(set(arms_ref) & set(arms))
+    seen = [a for _, names in lists for a in names]
+    both = sorted({a for a in seen if seen.count(a) > 1})
     if both:
-        raise ValueError(f"arm(s) {both} are in both arms_ref and arms; list each arm once")
+        raise ValueError(f"arm(s) {both} are listed more than once; list each arm once")

@@ -34,7 +34,7 @@ from projected_grpo.method.basis import (
     pooled_activations,
 )
 from projected_grpo.method.gate import GateState, HeldOutPairs
-from projected_grpo.method.pairs import Pair, load_pairset, pair_records, pairset_path, select_pairs
+from projected_grpo.method.pairs import ORACLE_PAIRS, Pair, load_pairset, pair_records, pairset_path, select_pairs
 from projected_grpo.policy.checkpointing import activation_checkpointing
 
 
@@ -99,14 +99,21 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
     if basis_dir is None:
         raise ValueError(f"arm {arm.name} reads a basis: pass --basis")
     b = Basis.load(basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors"))
+    if arm.oracle_basis and b.meta.get("empty"):
+        raise ValueError(
+            f"arm {arm.name}: the oracle basis is empty (vanilla's rollouts gave too few hack/non-hack pairs; see "
+            "reports/oracle_basis.md); raise oracle_basis.problems or oracle_basis.samples"
+        )
     act = Basis.load(basis_dir / "act.safetensors") if act_gated(p, arm) else None
     matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
     cal = ex = None
     if arm.gate is not None or refreshes(p, arm) or heals(p, arm):
-        if pairsets is None:
+        if pairsets is None and not arm.oracle_basis:
             raise ValueError(f"arm {arm.name} reads held-out pairs (gate calibration, refresh, heal): pass --pairsets")
         holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
-        cal, ex = held_out_pairs(p, arm, load_pairset(pairset_path(pairsets, p.substrate, p.basis.pairset)), holdout)
+        # an oracle-basis arm's held-out pairs are the oracle's own (vanilla's graded rollouts), beside its basis
+        path = basis_dir / ORACLE_PAIRS if arm.oracle_basis else pairset_path(pairsets, p.substrate, p.basis.pairset)
+        cal, ex = held_out_pairs(p, arm, load_pairset(path), holdout)
     return RunBasis(b, act, matched, cal, ex)
 
 
@@ -114,6 +121,9 @@ def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
     """Raise one clear line when `rb` lacks what `arm` under params `p` reads (before anything is written)."""
     if arm.reads_basis and rb.basis is None:
         raise ValueError(f"arm {arm.name} needs a basis (run the basis stage)")
+    if arm.reads_basis and bool(rb.basis.meta.get("oracle")) != arm.oracle_basis:
+        want = "the oracle_basis stage's (--basis artifacts/oracle_basis)" if arm.oracle_basis else "the basis stage's"
+        raise ValueError(f"arm {arm.name} reads {want} basis; it was given the other one")
     if arm.gate is not None and rb.cal is None:
         raise ValueError(f"arm {arm.name} calibrates its gate on held-out pairs: pass `cal` (stage: --pairsets)")
     if (refreshes(p, arm) or heals(p, arm)) and rb.extraction is None:

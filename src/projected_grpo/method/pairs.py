@@ -19,6 +19,7 @@ from projected_grpo.env.problems import Problem
 
 PLACEBO = "null_city"
 SPLITS = ("extract", "calibrate")
+ORACLE_PAIRS = "pairs.jsonl"  # the oracle_basis stage's pairs (vanilla's graded rollouts), beside its basis files
 KEYS = ("id", "substrate", "problem_id", "method", "mode", "mechanism", "split", "hack", "clean")
 
 
