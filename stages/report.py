@@ -40,6 +40,7 @@ def main(
     routing: Path = typer.Option(..., help="routing.md to write: the routed arms seed by seed (report/routing.py)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (the arm lists, seeds, eval)."),
     basis_guard: Path = typer.Option(None, help=GUARD_HELP),
+    oracle_basis: Path = typer.Option(None, help="oracle_basis stage metrics.json: routing.md's direction check."),
 ) -> None:
     p = load_params(params)
     arms = [*p.arms, *p.arms_oracle_basis]  # the oracle-basis arms (upper bounds) live beside the others
@@ -56,7 +57,8 @@ def main(
     atomic.write_text(out, R.render(runs, list(p.arms_ref), arms, line, extra, rel, guard, found.gates))
     atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), arms))
     order = R.ordered_arms(list(p.arms_ref), arms)
-    atomic.write_text(routing, render_routing(runs, order, found.effects, line))
+    direction = json.loads(oracle_basis.read_text()) if oracle_basis is not None else None
+    atomic.write_text(routing, render_routing(runs, order, found.effects, line, direction))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 
 

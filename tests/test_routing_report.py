@@ -57,3 +57,30 @@ def test_no_routed_arm_says_so():
     r.deploy = {k: v for k, v in r.deploy.items() if k[0] == "measure_only"}
     md = render(r, ORDER, {}, "")
     assert "No routed arm was evaluated" in md and "## Per seed" not in md
+
+
+def _direction(pairset_lo: float, oracle_lo: float) -> dict:
+    m = {"n_cal": 61, "n_extract": 134}
+    for k, lo in (
+        ("pairset_on_oracle", pairset_lo),
+        ("oracle_own", oracle_lo),
+        ("oracle_own_random", 0.45),
+        ("act_pairset_on_oracle", 0.49),
+        ("act_oracle_own", 0.51),
+    ):
+        m |= {f"auroc_{k}": lo + 0.1, f"auroc_{k}_lo": lo, f"auroc_{k}_hi": lo + 0.2}
+    return m
+
+
+def test_the_direction_check_names_which_part_fails():
+    """routing.md opens with the oracle basis' verdict: a direction separates vanilla's held-out hacks only when its
+    AUROC interval lies above 0.5; none does -> only the oracle gate tests the mechanics; only the oracle's -> the
+    pair-set direction fails; the pair set's -> it sees them. Without the stage's metrics there is no section."""
+    none = render(runs(), ORDER, {}, "", _direction(0.46, 0.46))
+    assert "## The direction" in none and none.index("## The direction") < none.index("## Per seed")
+    assert "the pair-set basis 0.56 [0.46, 0.66]; the oracle basis, from 134 such pairs, 0.56 [0.46, 0.66]" in none
+    assert "(its random control 0.55 [0.45, 0.65])" in none and "On 61 held-out pairs" in none
+    assert "No gradient-space direction separates" in none
+    assert "where the routed arms fail, the direction fails" in render(runs(), ORDER, {}, "", _direction(0.4, 0.55))
+    assert "The pair-set direction separates" in render(runs(), ORDER, {}, "", _direction(0.52, 0.55))
+    assert "## The direction" not in render(runs(), ORDER, {}, "")

@@ -191,11 +191,16 @@ def run(
         m = tiny_model(len(world["tok"]))
         attach_adapters(m, "all", 4, separate=p.adapter.quarantine == "separate")
     b = (world["random"] if a.random_dir else world["basis"]) if a.reads_basis else None
+    matched = world["basis"] if mass_matched(p, a) else None
+    if a.oracle_basis:  # the world's basis stands in for the oracle_basis stage's (marked as it marks its own)
+        b, matched = (
+            x if x is None else dataclasses.replace(x, meta={**x.meta, "oracle": True}) for x in (b, matched)
+        )
     torch.set_num_threads(1)
     rb = RunBasis(
         basis=b,
         act=world["act"],
-        matched=world["basis"] if mass_matched(p, a) else None,
+        matched=matched,
         cal=cal or world["cal"],
         extraction=world["ex"],
     )

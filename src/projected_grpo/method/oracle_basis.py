@@ -274,7 +274,11 @@ def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout
 def metrics(res: dict) -> dict[str, float]:
     """The stage's metrics.json: pair counts, k, every AUROC, the overlaps."""
     out = {k: res[k] for k in ("n_extract", "n_cal", "k_total", "modules")}
-    out |= {f"auroc_{k}": d["auroc"] for k, d in res["disc"].items()}
+    out |= {
+        f"auroc_{k}{x}": d[key]
+        for k, d in res["disc"].items()
+        for x, key in (("", "auroc"), ("_lo", "lo"), ("_hi", "hi"))
+    }
     out |= {"overlap": res["overlap"]["overlap"], "overlap_chance": res["overlap"]["chance"]}
     return out | {"act_cosine": res["act_cosine"]}
 

@@ -58,8 +58,54 @@ def seed_rows(runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict]) -> l
     return rows
 
 
-def render(runs: R.Runs, order: list[str], effects: dict[tuple[str, int], dict], params_line: str) -> str:
-    """routing.md for the routed arms among `order` (the report's arm order)."""
+def direction_lines(m: dict | None) -> list[str]:
+    """The direction check from the oracle_basis stage's metrics (None: not given): do the pair-set basis, the oracle
+    basis and v_act separate vanilla's own held-out hacks? A direction separates when its AUROC's 95% interval lies
+    above 0.5 (the gates' `gate_uninformative` rule)."""
+    if m is None:
+        return []
+
+    def auc(k: str) -> str:
+        v = [m.get(f"auroc_{k}{x}") for x in ("", "_lo", "_hi")]
+        return "—" if any(x is None for x in v) else f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
+
+    def sep(k: str) -> bool:
+        return (m.get(f"auroc_{k}_lo") or 0.0) > 0.5
+
+    if sep("pairset_on_oracle"):
+        verdict = "The pair-set direction separates vanilla's real hacks."
+    elif sep("oracle_own"):
+        verdict = (
+            "The pair-set direction misses vanilla's hacks that a direction taken from them separates: where the "
+            "routed arms fail, the direction fails."
+        )
+    else:
+        verdict = (
+            "No gradient-space direction separates vanilla's real hacks, not even one taken from them: a gate "
+            "calibrated in gradient space cannot pick them out whatever the mechanics, and only the oracle-gated arms "
+            "test the mechanics."
+        )
+    return [
+        "## The direction (oracle basis: reports/oracle_basis.md)",
+        "",
+        f"On {m.get('n_cal', 0)} held-out pairs of vanilla's own hack vs non-hack rollouts (paired by the grader's "
+        f"labels: an oracle), AUROC hack vs clean [95%]: the pair-set basis {auc('pairset_on_oracle')}; the oracle "
+        f"basis, from {m.get('n_extract', 0)} such pairs, {auc('oracle_own')} (its random control "
+        f"{auc('oracle_own_random')}); the pair-set v_act {auc('act_pairset_on_oracle')}, the oracle's "
+        f"{auc('act_oracle_own')}. " + verdict,
+        "",
+    ]
+
+
+def render(
+    runs: R.Runs,
+    order: list[str],
+    effects: dict[tuple[str, int], dict],
+    params_line: str,
+    direction: dict | None = None,
+) -> str:
+    """routing.md for the routed arms among `order` (the report's arm order); `direction`: the oracle_basis stage's
+    metrics, for the direction check."""
     routed = [a for a in runs.arms(order) if ARMS[a].routes]
     base = runs.base["full"]
     L = [
@@ -73,6 +119,7 @@ def render(runs: R.Runs, order: list[str], effects: dict[tuple[str, int], dict],
         + R.n_line(runs, R.metrics_present(runs)),
         "",
     ]
+    L += direction_lines(direction)
     if not routed:
         return "\n".join(L + ["No routed arm was evaluated (add routing arms to `arms` in params.yaml).", ""])
     L += [
