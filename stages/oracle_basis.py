@@ -40,6 +40,7 @@ def main(
     params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, seeds, oracle_basis, basis, rollout)."),
 ) -> None:
     p = load_params(params)
+    torch.set_num_threads(p.grpo.threads)  # sampled tokens do not depend on the machine's core count
     o, r, step = p.oracle_basis, p.rollout, p.grpo.steps
     runs = {s: vanilla / f"s{s}" for s in p.seeds}
     for s, run in runs.items():  # fails before any work
