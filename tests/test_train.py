@@ -957,6 +957,32 @@ def test_masked_routing_end_to_end(world, tmp_path):
     assert not same(a, c)
 
 
+def test_masked_act_gate_pass_is_forward_only(world, tmp_path, monkeypatch):
+    """With the act gate, masked routing's first pass is a forward without gradients (the gate reads pooled
+    activations only): one loss backward a step instead of two, and the pooled rows are the ones the full first pass
+    gives (the gates, hence the run, are bitwise those of a run that takes the full first pass)."""
+    from projected_grpo.rl import train as T
+
+    calls = []
+    full = T.loss_backward
+    monkeypatch.setattr(T, "loss_backward", lambda *a, **k: calls.append(1) or full(*a, **k))
+    fast = run(world, "route_masked_act", tmp_path / "fast")
+    assert len(calls) == tiny_params().grpo.steps  # the masked pass only
+
+    def via_loss_backward(model, ro, mbs, temperature, d, timer, n_on):  # the full first pass, as before
+        refs = [None] * len(mbs)
+        return full(
+            model, ro, refs, torch.zeros(ro.completion_ids.shape[0]), mbs, p_act, arm_act, d, False, timer, n_on
+        )
+
+    p_act, arm_act = get_arm("route_masked_act").params(tiny_params()), get_arm("route_masked_act")
+    p_act = dataclasses.replace(p_act, grpo=dataclasses.replace(p_act.grpo, beta=0.0))
+    monkeypatch.setattr(T, "gate_activations", via_loss_backward)
+    slow = run(world, "route_masked_act", tmp_path / "slow")
+    logs = [{k: v for k, v in log_columns(tmp_path / x).items() if k != "dt"} for x in ("fast", "slow")]
+    assert same(fast, slow) and logs[0] == logs[1]
+
+
 def test_main_rows_baseline_end_to_end(world, tmp_path):
     """projection.main_baseline=main_rows: the masked pass's main rows sum to zero advantage (adv_main = 0 each step,
     while the group baseline logs its own sum), the run is deterministic and differs from the group baseline's; arms

@@ -381,6 +381,24 @@ def loss_backward(
     )
 
 
+def gate_activations(
+    model, ro: Rollout, mbs: list[slice], temperature: float, d: Direction, timer: PhaseTimer, n_on: int
+) -> Grads:
+    """Masked routing's first pass when the gate reads activations (basis.space=act, per rollout): the gate needs
+    only each rollout's completion-pooled residual at act_layer, so the forward runs without gradients and without the
+    backward a gradient gate needs. Each micro-batch in the state it was sampled in (deploy rows knob off), as
+    `loss_backward` runs it; the pooled rows are the same numbers. Returns Grads carrying `pooled` only."""
+    pooled = []
+    with torch.no_grad(), timer("forward"):
+        for sl in mbs:
+            pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+            state = knob_disabled(model) if sl.start >= n_on else nullcontext()
+            with state, residual_capture(model, d.act_layer) as hid:
+                loss_logprobs(model, pi, pm, ci, cm, temperature, None)  # the first pass' forward, per row
+            pooled.append(pool_tokens(hid["h"][:, pi.shape[1] :], cm))
+    return Grads(raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=torch.cat(pooled), stats={})
+
+
 def grad_or_zero(x: Tensor) -> Tensor:
     return x.grad.detach().clone() if x.grad is not None else torch.zeros_like(x)
 
@@ -700,7 +718,10 @@ def train(
         adv = group_advantages(rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
-        gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
+        if arm.masked and arm.gate == "rollout" and d.act_layer is not None:  # the act gate needs no gradient
+            gr = gate_activations(model, ro, mbs, r.temperature, d, timer, n_on)
+        else:
+            gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
         hack = torch.tensor([x.label == "hack" for x in grades], device=dev) if arm.oracle_gate else None
         m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on, hack)  # oracle arms: the labels
         if arm.masked:  # the loss again, each rollout in the state its gate picked (adapter.row_masks)
