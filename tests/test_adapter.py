@@ -167,6 +167,20 @@ def test_I4_probe_is_the_per_sample_gradient(tok, kind):
             torch.testing.assert_close(es[n].grad[i], e1[n].grad[0], atol=1e-12, rtol=1e-9)
 
 
+def test_row_masks_nest_and_restore_the_outer_masks():
+    """A row_masks block inside another (the distinct prompts of a shared-prompt forward inside the rows' block)
+    leaves the outer masks in place on exit; the outermost exit clears them."""
+    m = tiny_model(len(tiny_tokenizer()))
+    attach_adapters(m, "all", 4)
+    a = next(iter(adapters(m).values()))
+    outer, inner = (torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0.0, 1.0, 1.0])), (torch.ones(2), torch.zeros(2))
+    with row_masks(m, *outer):
+        with row_masks(m, *inner):
+            assert a.row_main is inner[0] and a.row_knob is inner[1]
+        assert a.row_main is outer[0] and a.row_knob is outer[1]
+    assert a.row_main is None and a.row_knob is None
+
+
 @pytest.mark.parametrize("kind", ["svd", "lora"])
 @pytest.mark.parametrize("separate", [False, True])
 def test_row_masks_run_each_row_in_its_state_and_split_the_gradient(tok, kind, separate):

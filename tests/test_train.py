@@ -943,6 +943,34 @@ def test_masked_loss_trains_the_main_knob_off_and_the_knob_on_routed_rows(world)
     assert any(not torch.allclose(on.raw[n], off.raw[n]) for n in d.names), "the knob must change the gradient"
     assert on.knob_raw is None
 
+    # grpo.share_prompt: each (prompt, state) runs once and no probe runs; the two sums are the per-row pass' (up to
+    # float rounding), for the mixed gate (three states in a group) and a gate that routes one group whole
+    ps = tiny_params(share_prompt=True)
+    for gate in (torch.tensor([0.0, 1.0, 0.5, 0.0] * (N // 4)), torch.tensor([1.0] * G + [0.0] * G)):
+        per_row = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, N, mask_states(gate))
+        shared = loss_backward(m, ro, refs, adv, mbs, ps, arm, d, False, timer, N, mask_states(gate))
+        assert not shared.rows and per_row.rows
+        for n in d.names:
+            torch.testing.assert_close(shared.raw[n], per_row.raw[n], atol=1e-6, rtol=1e-4)
+            torch.testing.assert_close(shared.knob_raw[n], per_row.knob_raw[n], atol=1e-6, rtol=1e-4)
+        assert shared.stats == pytest.approx(per_row.stats, abs=1e-6)
+
+
+def test_state_runs_group_rows_by_prompt_and_state():
+    """Masked routing's shared-prompt runs: one per distinct (prompt, state), wherever its rows sit in the group."""
+    from projected_grpo.rl.train import state_runs
+
+    pi = torch.tensor([[1, 2]] * 4 + [[3, 4]] * 4)
+    pm = torch.ones_like(pi)
+    main = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    knob = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    first, owner = state_runs(pi, pm, main, knob)
+    assert len(first) == len(set(owner.tolist())) == 5  # A: main, knob, both; B: knob, main
+    for b in range(8):  # every row's run starts at a row with its prompt and its state, the first such row
+        f = int(first[owner[b]])
+        assert torch.equal(pi[f], pi[b]) and (main[f], knob[f]) == (main[b], knob[b]) and f <= b
+        assert f == min(c for c in range(8) if int(owner[c]) == int(owner[b]))
+
 
 def test_masked_routing_end_to_end(world, tmp_path):
     """route_masked trains deterministically through the loop (two loss passes a step), its knob learns from the

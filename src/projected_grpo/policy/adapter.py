@@ -442,15 +442,17 @@ def row_masks(model: nn.Module, main: Tensor, knob: Tensor) -> Iterator[None]:
     the forward either way) and δS_h only where knob[n] = 1. So δS.grad = Σ_n main_n g_n and
     δS_h.grad = Σ_n knob_n g_n, each g_n the row's gradient in its own state: masked routing's routed rows train only
     the knob (main detached), unrouted ones only the main in the deployed, knob-off state, ambiguous ones both (issue
-    25). Probes see each row's whole gradient in its state."""
+    25). Probes see each row's whole gradient in its state. Nested blocks (a forward of other rows inside, e.g. the
+    distinct prompts of a shared-prompt forward) restore the outer masks on exit."""
     ads = list(adapters(model).values())
+    saved = [(a.row_main, a.row_knob) for a in ads]
     for a in ads:
         a.row_main, a.row_knob = main, knob
     try:
         yield
     finally:
-        for a in ads:
-            a.row_main = a.row_knob = None
+        for a, (m, k) in zip(ads, saved):
+            a.row_main, a.row_knob = m, k
 
 
 # --- per-sample probes and per-token capture ------------------------------------------------------------------

@@ -6,6 +6,9 @@ so every tensor here is (B, L-1) and `mask` selects the completion tokens (EOS i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -95,6 +98,7 @@ def shared_prompt_logprobs(
     temperature: float,
     first: Tensor,
     owner: Tensor,
+    prompt_state: Callable[[], AbstractContextManager] | None = None,
 ) -> Tensor:
     """`rollout_logprobs` with each distinct prompt run once: (B, T) log-probs, the same numbers up to float rounding.
 
@@ -106,7 +110,8 @@ def shared_prompt_logprobs(
     of G. Rows are not separable through the shared prompt, so gradient probes are paused in the prompt forward
     (`adapter.probes_paused`): with probes open, `e.grad[n]` is row n's own-token gradient (its completion
     positions), while δS.grad is the full gradient, prompt positions included. `rollout_logprobs` gives whole
-    per-row gradients."""
+    per-row gradients. `prompt_state`: a context entered around the prompt forward alone (masked routing's per-row
+    masks of the U prompt rows, `adapter.row_masks`, while the B completion rows run with theirs)."""
     prompt_ids, prompt_mask, completion_ids, mask = on_model(model, prompt_ids, prompt_mask, completion_ids, mask)
     first, owner = on_model(model, first, owner)
     T = completion_ids.shape[1]
@@ -116,7 +121,7 @@ def shared_prompt_logprobs(
     att = torch.cat([prompt_mask, mask], dim=1)  # (B, Tp + t); tokens after EOS are masked out
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     Tp = prompt_ids.shape[1]
-    with probes_paused(model):  # U prompt rows, not the B probed rows
+    with probes_paused(model), (prompt_state or nullcontext)():  # U prompt rows, not the B probed rows
         out = model(
             input_ids=ids_u, attention_mask=am_u, position_ids=pos[first, :Tp], use_cache=True, logits_to_keep=1
         )

@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -215,13 +216,34 @@ def step_preflight(model, p, arm: Arm, policy_runs: bool) -> None:
 
 
 def loss_logprobs(
-    model, pi: Tensor, pm: Tensor, ci: Tensor, cm: Tensor, temperature: float, runs: tuple[Tensor, Tensor] | None
+    model,
+    pi: Tensor,
+    pm: Tensor,
+    ci: Tensor,
+    cm: Tensor,
+    temperature: float,
+    runs: tuple[Tensor, Tensor] | None,
+    prompt_state=None,
 ) -> Tensor:
     """(b, T) completion log-probs of a micro-batch: each distinct prompt once when `runs` = rollout.group_runs(pi, pm)
-    (grpo.share_prompt), else one forward per row (what per-row probes need)."""
+    (grpo.share_prompt), else one forward per row (what per-row probes need). prompt_state: see
+    `shared_prompt_logprobs`."""
     if runs is not None:
-        return shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, *runs)
+        return shared_prompt_logprobs(model, pi, pm, ci, cm, temperature, *runs, prompt_state=prompt_state)
     return rollout_logprobs(model, pi, pm, ci, cm, temperature)
+
+
+def state_runs(pi: Tensor, pm: Tensor, main: Tensor, knob: Tensor) -> tuple[Tensor, Tensor]:
+    """(first, owner) as `rollout.group_runs`, over distinct (prompt, row state) instead of distinct prompts: masked
+    routing runs one group's rows in up to three states (main only, knob only, both), and a prompt's activations
+    depend on the state, so each (prompt, state) runs once. first (U,): the first row of each; owner (b,): each
+    row's."""
+    _, prompt = group_runs(pi, pm)
+    code = prompt * 4 + (main > 0).long() * 2 + (knob > 0).long()
+    _, owner = torch.unique(code, return_inverse=True)
+    b = torch.arange(len(code), device=code.device)
+    first = torch.full((int(owner.max()) + 1,), len(code), device=code.device).scatter_reduce(0, owner, b, "amin")
+    return first, owner
 
 
 def step_rewards(grades, arm: Arm, accuracy: float, rng: random.Random) -> Tensor:
@@ -312,6 +334,9 @@ def loss_backward(
     g, N = p.grpo, ro.completion_ids.shape[0]
     n_tokens = float(ro.mask.sum())  # the step's loss tokens: dapo's normalizer is the whole batch's, not a micro's
     per_token = arm.gate == "token"
+    # masked routing's second pass reads only δS.grad and δS_h.grad (route_masked's rule), so with grpo.share_prompt
+    # each (prompt, state) runs once and no probe runs; a mass-matched control would read per-row gradients
+    masked_shared = masks is not None and g.share_prompt and not mass_matched(p, arm)
     model.zero_grad(set_to_none=True)
     rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
     tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
@@ -325,16 +350,21 @@ def loss_backward(
         state = knob_disabled(model) if sl.start >= n_on else nullcontext()  # micro_batches: one state per slice
         ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
         rows_in = row_masks(model, masks[0][sl], masks[1][sl]) if masks is not None else nullcontext()
+        prompt_state, shared = None, runs if policy_runs else None
+        if masked_shared:  # the prompt rows run in their own states, the completions in theirs
+            shared = first, _ = state_runs(pi, pm, masks[0][sl], masks[1][sl])
+            prompt_state = partial(row_masks, model, masks[0][sl][first], masks[1][sl][first])
+            probe = nullcontext({})
         with (
             state,
             ckpt,
             rows_in,
             probe as es,
             token_capture(model, dirs) as caps,
-            residual_capture(model, d.act_layer) as hid,
+            residual_capture(model, d.act_layer if masks is None else None) as hid,  # the gate's pass only
         ):
             with timer("forward"):
-                logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, runs if policy_runs else None)
+                logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, shared, prompt_state)
                 # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
                 loss, m = grpo_loss(
                     logp,
@@ -362,7 +392,7 @@ def loss_backward(
             tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
         if d.act_layer is not None and per_token:  # h·v_act at the position predicting each completion token
             tok_act.append(proj.completion_positions(hid["h"].float() @ d.cur.v_act.float(), Tp))
-        elif d.act_layer is not None:
+        elif d.act_layer is not None and masks is None:
             pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
         w = pi.shape[0] / N
         stats = {key: stats[key] + w * m[key] for key in stats}
@@ -458,7 +488,7 @@ def edit(
         if n not in opt.R:
             main[n], knob[n] = proj.apply_rule("vanilla", proj.ModuleGrads(xr[n], 0))
             continue
-        x_n = opt.rotate({n: gr.rows[n]})[n] if arm.gate == "rollout" else None
+        x_n = opt.rotate({n: gr.rows[n]})[n] if arm.gate == "rollout" and gr.rows else None  # masked: none
         s = proj.ModuleGrads(
             xr[n],
             d.k[n],
