@@ -68,7 +68,7 @@ def runs() -> dict[str, list[str]]:
         case(f"{a}/refresh", a, p=refreshing(2))
     case("route_per_rollout/act", "route_per_rollout", p=tiny_params(basis={"space": "act"}))
     share = ("vanilla", "route_per_rollout", "route_per_rollout_random", "erase_one_sided_random")
-    for a in (*share, "route_two_sided", "route_full"):  # the last two: own-token pieces for issue 25's rules
+    for a in (*share, "route_two_sided", "route_full", "route_masked"):  # own-token pieces; masked: (prompt, state)
         case(f"{a}/share", a, p=tiny_params(share_prompt=True))
     tail = tiny_params(projection={"band": "tail", "f": 0.34})  # the top-tail gate (issue 25)
     for a in ("route_per_rollout", "route_two_sided", "route_per_token"):
