@@ -45,7 +45,7 @@ class Arm:
     oracle_gate: bool = False
     # The arm reads the oracle basis (stage oracle_basis: v_hack and its held-out pairs from vanilla's own graded
     # rollouts) instead of the pair set's: an upper bound on what the direction can give, named *_oracle_basis (role
-    # oracle), listed in params' arms_oracle_basis.
+    # oracle; its *_random twin is its control), listed in params' arms_oracle_basis.
     oracle_basis: bool = False
     # Params this arm runs with instead of params.yaml's (dotted keys: projection.*, adapter.quarantine, basis.space —
     # what only the train and evaluate stages read; the basis stage writes the activation direction whatever

@@ -81,8 +81,15 @@ def discrimination(
     """AUROC (with a bootstrap 95% interval) of cos(∇ℓ, ν) between held-out hack and clean completions, plus the
     paired accuracy: the fraction of pairs whose hack side scores higher."""
     if not basis.nu or not next(iter(hack.values())).shape[0]:
+        return auroc_summary(None, None, gen)
+    return auroc_summary(cosine_scores(hack, basis.nu), cosine_scores(clean, basis.nu), gen)
+
+
+def auroc_summary(sh: Tensor | None, sc: Tensor | None, gen: torch.Generator) -> dict[str, float]:
+    """{auroc, lo, hi (bootstrap 95%), paired_acc, n} of held-out hack scores `sh` vs their clean pairs' `sc` (pair i
+    = sh[i], sc[i]); all nan and n = 0 for no scores (None or empty)."""
+    if sh is None or not len(sh):
         return {"auroc": math.nan, "lo": math.nan, "hi": math.nan, "paired_acc": math.nan, "n": 0}
-    sh, sc = cosine_scores(hack, basis.nu), cosine_scores(clean, basis.nu)
     lo, hi = auroc_ci(sh, sc, N_BOOT, gen)
     return {"auroc": auroc(sh, sc), "lo": lo, "hi": hi, "paired_acc": float((sh > sc).double().mean()), "n": len(sh)}
 

@@ -30,14 +30,12 @@ from projected_grpo.env.problems import Problem
 from projected_grpo.method.basis import (
     Basis,
     act_basis,
-    auroc,
-    auroc_ci,
     basis_with,
     completion_grads,
     held_out_batch,
     pooled_activations,
 )
-from projected_grpo.method.basis_eval import N_BOOT, REFERENCE, discrimination
+from projected_grpo.method.basis_eval import REFERENCE, auroc_summary, discrimination
 from projected_grpo.method.pairs import KEYS, Pair, pair_records, select_pairs
 from projected_grpo.policy.checkpointing import activation_checkpointing
 
@@ -194,13 +192,14 @@ def render_report(res: dict, sources: str) -> str:
 # --- thin: gradients and activations of the pairs at δS = 0 ---------------------------------------------------
 
 
-def _act_disc(v: Tensor | None, hack: Tensor, clean: Tensor, gen: torch.Generator) -> dict:
-    """AUROC of the projection on v (an activation direction) between held-out hack and clean completions."""
-    if v is None or not len(hack):
-        return {"auroc": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
-    sh, sc = hack @ v, clean @ v
-    lo, hi = auroc_ci(sh, sc, N_BOOT, gen)
-    return {"auroc": auroc(sh, sc), "lo": lo, "hi": hi, "n": len(sh)}
+DISC = (  # the discrimination table's rows (metrics auroc_<row>, render_report's table)
+    "oracle_own",
+    "oracle_own_random",
+    "pairset_on_oracle",
+    "oracle_on_reference",
+    "act_oracle_own",
+    "act_pairset_on_oracle",
+)
 
 
 def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout: dict, pairset: dict, p) -> dict:
@@ -214,13 +213,11 @@ def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout
     ref = select_pairs(reference, "calibrate")
     gen = torch.Generator().manual_seed(bp.seed)
     method = bp.method if bp.method != "random" else "svd"
-    nan = {"auroc": math.nan, "lo": math.nan, "hi": math.nan, "n": 0}
     res = {"n_extract": len(ex), "n_cal": len(cal), "pairset_k_total": pairset["basis"].meta.get("k_total", 0)}
     res["pairset_modules"] = len(pairset["basis"].vh)
     meta = {"oracle": True, "pairset": "oracle", "mechanism": MECHANISM, "temperature": temp, "modes": None}
     if len(ex) < 2 or len(cal) < 2:
         empty = Basis(vh={}, nu={}, meta={**meta, "empty": True, "k_total": 0, "method": method})
-        keys = ("oracle_own", "oracle_own_random", "pairset_on_oracle", "oracle_on_reference")
         return res | {
             "selected": empty,
             "random": empty,
@@ -229,7 +226,7 @@ def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout
             "modules": 0,
             "overlap": subspace_overlap({}, {}),
             "act_cosine": math.nan,
-            "disc": {k: nan for k in (*keys, "act_oracle_own", "act_pairset_on_oracle")},
+            "disc": {k: auroc_summary(None, None, gen) for k in DISC},
         }
 
     def grads(ps: list[Pair], side: str) -> dict[str, Tensor]:
@@ -256,8 +253,8 @@ def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout
         "oracle_own_random": discrimination(rnd, g["cal", "hack"], g["cal", "clean"], gen),
         "pairset_on_oracle": discrimination(pairset["basis"], g["cal", "hack"], g["cal", "clean"], gen),
         "oracle_on_reference": discrimination(b, g_ref["hack"], g_ref["clean"], gen),
-        "act_oracle_own": _act_disc(act.v_act, a["cal", "hack"], a["cal", "clean"], gen),
-        "act_pairset_on_oracle": _act_disc(pv, a["cal", "hack"], a["cal", "clean"], gen),
+        "act_oracle_own": auroc_summary(a["cal", "hack"] @ act.v_act, a["cal", "clean"] @ act.v_act, gen),
+        "act_pairset_on_oracle": auroc_summary(a["cal", "hack"] @ pv, a["cal", "clean"] @ pv, gen),
     }
     return res | {
         "selected": b,
@@ -266,7 +263,7 @@ def extract_oracle(model, tok, pairs: list[Pair], reference: list[Pair], holdout
         "k_total": b.meta["k_total"],
         "modules": len(b.vh),
         "overlap": subspace_overlap(b.vh, pairset["basis"].vh),
-        "act_cosine": cosine(act.v_act, pv) if pv is not None else math.nan,
+        "act_cosine": cosine(act.v_act, pv),
         "disc": disc,
     }
 

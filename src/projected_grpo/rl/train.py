@@ -748,7 +748,7 @@ def train(
         adv = group_advantages(rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
 
         # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
-        if arm.masked and arm.gate == "rollout" and d.act_layer is not None:  # the act gate needs no gradient
+        if arm.masked and d.act_layer is not None:  # the act gate needs no gradient
             gr = gate_activations(model, ro, mbs, r.temperature, d, timer, n_on)
         else:
             gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
