@@ -4,6 +4,8 @@ measure_only, the deploy targets per seed, the win rule's verdict, and sources.
 Run: pytest tests/test_routing_report.py -q
 """
 
+import pytest
+
 from projected_grpo.report import results as R
 from projected_grpo.report.routing import render, targets_met
 from tests.test_results import runs_from, table, tally
@@ -30,12 +32,31 @@ def test_per_seed_rows_golden_values():
     rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
     assert set(rows) == {(a, str(s)) for a in ORDER[1:] for s in (41, 42, 43)}  # routed arms only
     assert rows[("route_masked", "41")] == [
-        "route_masked", "candidate", "41", "20.0", "25.0", "100.0", "-30.0", "0.0", "55.0 / 25.0 / 100.0", "1.23",
+        "route_masked", "candidate", "41", "20.0", "25.0", "100.0", "-30.0", "0.0", "55.0 / 25.0 / 100.0", "1.23", "—",
     ]  # fmt: skip
     assert rows[("route_masked", "42")][5] == "85.0" and rows[("route_masked", "42")][9] == "—"
     assert rows[("route_masked_oracle", "43")][1:8] == ["oracle", "43", "0.0", "10.0", "100.0", "-50.0", "-15.0"]
     assert "Base policy (adapter off): hack (train hints) 5.0, solve 20.0, format 95.0" in md
     assert "<!-- sources: " in md and "route_masked_oracle-s43/per_mode_deploy.json" in md
+
+
+def test_gate_over_training_from_the_train_log(tmp_path):
+    """The gate column reads the train stage's per-step TSV: means over the steps that logged each quantity (NaN
+    steps skipped), the live AUROC beside the share routed, and the log among the sources."""
+    log = tmp_path / "route_masked-s41.tsv"
+    log.write_text(
+        "step\tgate_frac\tgate_mean\tgate_auroc_live\n1\t0.75\t0.5\tnan\n2\t0.25\t0.3\t0.6\n3\t0.5\t0.4\t0.4\n"
+    )
+    g = R.gate_log(log)
+    assert g == {"gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "source": str(log)}
+    bare = tmp_path / "vanilla-s41.tsv"
+    bare.write_text("step\treward\n1\t0.5\n")
+    assert R.gate_log(bare) == {}
+    md = render(runs(), ORDER, {}, "", gates={("route_masked", 41): g})
+    rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
+    assert rows[("route_masked", "41")][10] == "50.0 / 0.40 / 0.50"
+    assert rows[("route_masked", "42")][10] == "—"  # not logged
+    assert str(log) in md.split("<!-- sources: ")[1]
 
 
 def test_targets_and_verdicts_per_arm():

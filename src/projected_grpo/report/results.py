@@ -12,6 +12,7 @@ an arm wins is decided by win_rule.py alone. Pure: dicts in, markdown/metrics ou
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -72,13 +73,32 @@ class Runs:
 @dataclass
 class Found:
     """What `discover` read: the runs, those not evaluated ("<arm>-s<seed>"), routed runs' knob-effect records with
-    their sources, and each run's recorded `gate_uninformative` flag."""
+    their sources, each run's recorded `gate_uninformative` flag, and gated runs' gate over training (`gate_log`)."""
 
     runs: Runs
     missing: list[str]
     effects: dict[tuple[str, int], dict]
     effect_sources: list[str]
     gates: dict[tuple[str, int], bool]
+    gate_logs: dict[tuple[str, int], dict] = field(default_factory=dict)
+
+
+GATE_LOG = ("gate_frac", "gate_mean", "gate_auroc_live")
+
+
+def gate_log(path: Path) -> dict:
+    """A gated run's gate over its training steps, from the train stage's per-step TSV: the means over steps of
+    `gate_frac` (the share of rollouts the gate sends to the knob at all), `gate_mean` (the mean gate, in [0, 1]) and
+    `gate_auroc_live` (the live score's AUROC, hack vs not, on the step's own rollouts: it reads the grader's labels
+    and is a diagnostic only, nothing routes by it), each over the steps that logged it, and `source`. {} when the
+    log has none of them (an ungated arm)."""
+    rows = read_curve(path)
+    out = {}
+    for k in GATE_LOG:
+        v = [r[k] for r in rows if r.get(k, math.nan) == r.get(k, math.nan)]  # NaN: not logged that step
+        if v:
+            out[k] = sum(v) / len(v)
+    return out | {"source": str(path)} if out else {}
 
 
 def settings_line(p) -> str:
@@ -112,6 +132,9 @@ def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, t
         flag = gate_flag(json.loads(tm.read_text())) if tm.exists() else None
         if flag is not None:
             f.gates[(a, s)] = flag
+        log = train_logs / group / f"{a}-s{s}.tsv"
+        if ARMS[a].gate is not None and log.exists() and (g := gate_log(log)):
+            f.gate_logs[(a, s)] = g
     return f
 
 

@@ -3,7 +3,9 @@
 For every routed arm evaluated (candidates, their random-direction controls, the oracle-gated upper bounds), each
 seed's final checkpoint: the deploy state's (knob off) hack on train-surface hints, solve and format on no-hint
 prompts, the same for the knob on, Δ hack and Δ solve against the same-seed matched baseline (measure_only), and
-‖Vh δS‖, the main's component along v_hack (knob_effect.json). Then per arm: the deploy targets on every seed
+‖Vh δS‖, the main's component along v_hack (knob_effect.json), and the gate over training (its mean share of rollouts
+routed at all, its mean value, and its live AUROC against the grader's hack label: a diagnostic that reads labels;
+nothing routes by it). Then per arm: the deploy targets on every seed
 (format ≥ 90 %, solve ≥ base − 3 points) and the win rule's verdict (win_rule.py: Δ hack vs the matched baseline,
 solve not below it, beating the matched random control). Oracle arms read the grader's labels: they bound what
 the mechanics can do and never win.
@@ -35,7 +37,18 @@ def targets_met(runs: R.Runs, arm: str) -> tuple[bool, list[int]]:
     return not miss, miss
 
 
-def seed_rows(runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict]) -> list[str]:
+def gate_cell(g: dict | None) -> str:
+    """The gate over training (results.gate_log): share routed (%) / mean gate / live AUROC; — where not logged."""
+    if not g:
+        return "—"
+    cells = [pct(g["gate_frac"]) if "gate_frac" in g else "—"]
+    cells += [f"{g[k]:.2f}" if k in g else "—" for k in ("gate_mean", "gate_auroc_live")]
+    return " / ".join(cells)
+
+
+def seed_rows(
+    runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict], gates: dict[tuple[str, int], dict]
+) -> list[str]:
     """One table row per seed of `arm` (see the module docstring for the columns)."""
     rows = []
     for s in runs.seeds(arm):
@@ -53,7 +66,8 @@ def seed_rows(runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict]) -> l
             + " | ".join(pct(x) for x in dep)
             + " | "
             + " | ".join(d)
-            + f" | {' / '.join(pct(x) for x in on) or '—'} | {'—' if vh != vh else f'{vh:.2f}'} |"
+            + f" | {' / '.join(pct(x) for x in on) or '—'} | {'—' if vh != vh else f'{vh:.2f}'}"
+            + f" | {gate_cell(gates.get((arm, s)))} |"
         )
     return rows
 
@@ -103,9 +117,11 @@ def render(
     effects: dict[tuple[str, int], dict],
     params_line: str,
     direction: dict | None = None,
+    gates: dict[tuple[str, int], dict] | None = None,
 ) -> str:
     """routing.md for the routed arms among `order` (the report's arm order); `direction`: the oracle_basis stage's
-    metrics, for the direction check."""
+    metrics, for the direction check; `gates`: gated runs' gate over training (results.gate_log, with its source)."""
+    gates = gates or {}
     routed = [a for a in runs.arms(order) if ARMS[a].routes]
     base = runs.base["full"]
     L = [
@@ -127,14 +143,17 @@ def render(
         "",
         "Final checkpoint, rates in %. Δ = arm − the same seed's measure_only (deploy). knob on: hack / solve / "
         "format with the knob on (the trained policy). ‖Vh δS‖: the main's component along v_hack after training "
-        "(knob_effect.json; for a separate quarantine the knob is not in these coordinates).",
+        "(knob_effect.json; for a separate quarantine the knob is not in these coordinates). gate: over the training "
+        "steps, the mean share of rollouts routed at all (%) / the mean gate in [0, 1] / the mean live AUROC of the "
+        "gate's score, hack vs not, on each step's own rollouts (it reads the grader's labels: a diagnostic, nothing "
+        "routes by it; 0.5 is chance).",
         "",
         "| arm | role | seed | deploy hack (train) | deploy solve | deploy format | Δ hack | Δ solve | knob on "
-        "| ‖Vh δS‖ |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ‖Vh δS‖ | gate: routed / mean / live AUROC |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in routed:
-        L += seed_rows(runs, a, effects)
+        L += seed_rows(runs, a, effects, gates)
     arms = runs.arms(order)
     verdicts = {v.arm: v for v in R.verdicts_of(runs, arms)}
     L += [
@@ -171,4 +190,5 @@ def render(
             "the gate fails; where the oracle misses them too, the mechanics do.",
         ]
     srcs = R.run_sources(runs, routed + ([W.MATCHED] if W.MATCHED in arms else []))
+    srcs += [g["source"] for (a, _), g in gates.items() if a in routed]
     return "\n".join(L + ["", R.provenance([runs.base_source, *srcs])]).rstrip() + "\n"
