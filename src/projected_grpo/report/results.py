@@ -95,7 +95,7 @@ def gate_log(path: Path) -> dict:
     rows = read_curve(path)
     out = {}
     for k in GATE_LOG:
-        v = [r[k] for r in rows if r.get(k, math.nan) == r.get(k, math.nan)]  # NaN: not logged that step
+        v = [r[k] for r in rows if k in r and not math.isnan(r[k])]  # NaN: not logged that step
         if v:
             out[k] = sum(v) / len(v)
     return out | {"source": str(path)} if out else {}
