@@ -46,6 +46,9 @@ def main(
     for s, run in runs.items():  # fails before any work
         if step not in checkpoint_steps(run):
             raise ValueError(f"{run} has no checkpoint of the final step {step}; run train_ref@vanilla-{s}")
+    pairset = {"basis": Basis.load(basis / "basis.safetensors"), "act": Basis.load(basis / "act.safetensors")}
+    if pairset["act"].v_act is None:
+        raise ValueError(f"{basis / 'act.safetensors'} has no v_act; re-run the basis stage (dvc repro basis)")
     reference = load_pairset(pairset_path(pairsets, p.substrate, REFERENCE))
     holdout = {q.id: q for q in load_problems_parquet(problems / "holdout.parquet") if q.hint is None}
     records = O.oracle_problems(holdout.values(), o.problems, p.seed)
@@ -63,7 +66,6 @@ def main(
             samples += [O.Sample(s, x.record, x.completion, x.grade.label) for x in scored]
     cal = O.held_out_problems([q.id for q in records], o.cal_frac, p.seed)
     pairs = O.rollout_pairs(samples, cal, p.substrate)
-    pairset = {"basis": Basis.load(basis / "basis.safetensors"), "act": Basis.load(basis / "act.safetensors")}
     res = O.extract_oracle(model, tok, pairs, reference, holdout, pairset, p)  # the adapter is back at δS = 0
     res |= {"labels": O.label_counts(samples), "setup": O.setup(p, step)}
     out.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ def main(
     atomic.write_metrics(metrics, R.metrics(runs, list(p.arms_ref), arms))
     order = R.ordered_arms(list(p.arms_ref), arms)
     direction = json.loads(oracle_basis.read_text()) if oracle_basis is not None else None
-    atomic.write_text(routing, render_routing(runs, order, found.effects, line, direction, found.gate_logs))
+    atomic.write_text(routing, render_routing(runs, order, found.effects, line, direction, found.train_logs))
     typer.echo(f"report: {len(runs.deploy)} runs ({len(missing)} missing) -> {out}")
 
 

@@ -251,11 +251,11 @@ CLIP_LO, CLIP_HI, BETA = 0.2, 0.28, 0.05
 
 
 def ours_loss_and_grad(
-    logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None, loss_type="dr_grpo", n_tokens=None
+    logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None, loss_type="dr_grpo", n_tokens=None, kl_is=False
 ):
     leaf = logp.clone().requires_grad_(True)
     loss, metrics = grpo_loss(
-        leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows, loss_type, n_tokens
+        leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows, loss_type, n_tokens, kl_is=kl_is
     )
     loss.backward()
     return loss.detach(), leaf.grad, metrics
@@ -382,6 +382,31 @@ def test_on_policy_gradient_is_reinforce_with_k3(beta):
     _, grad, _ = ours_loss_and_grad(logp, logp, ref_logp, adv, mask, l_max, beta=beta)
     expected = (-adv[:, None] * mask + beta * mask * (1.0 - torch.exp(ref_logp - logp))) / (B * l_max)
     assert_close(grad, expected, atol=1e-12, rtol=0)
+
+
+def test_kl_is_weights_k3_by_the_detached_ratio_and_stays_bounded_off_policy():
+    """kl_is (masked routing's projection.masked_is): the KL term is rho.detach() * k3. On-policy the loss, gradient
+    and metrics are exactly those without it; off-policy (A = 0, so only the KL term is left) the gradient is
+    beta mask rho (1 - e^{ref - logp}) / (N L_max) and the logged KL is the rho-weighted k3; where the trained state
+    finds a sampled token far less likely than the sampler did, k3 alone explodes (e^29) and the weighted term stays
+    near e^{ref - old_logp} = 1."""
+    l_max, B = 8, 8
+    logp, old_logp, ref_logp, adv, mask = random_batch(B=B)
+    on = ours_loss_and_grad(logp, logp, ref_logp, adv, mask, l_max)
+    on_is = ours_loss_and_grad(logp, logp, ref_logp, adv, mask, l_max, kl_is=True)
+    assert torch.equal(on[0], on_is[0]) and torch.equal(on[1], on_is[1]) and on[2] == on_is[2]
+    zero = torch.zeros_like(adv)
+    _, grad, metrics = ours_loss_and_grad(logp, old_logp, ref_logp, zero, mask, l_max, kl_is=True)
+    rho, d = torch.exp(logp - old_logp), ref_logp - logp
+    assert_close(grad, BETA * mask * rho * (1.0 - torch.exp(d)) / (B * l_max), atol=1e-12, rtol=0)
+    assert metrics["kl"] == pytest.approx(float((rho * (torch.exp(d) - d - 1) * mask).sum() / mask.sum()), abs=1e-12)
+    _, plain, _ = ours_loss_and_grad(logp, old_logp, ref_logp, zero, mask, l_max)
+    assert not torch.allclose(grad, plain, atol=1e-6)
+    far = torch.tensor([[-30.0, -1.0]], dtype=F64)  # the trained state: token 0 at e^-30, the sampler and ref at e^-1
+    near, one, m2 = torch.full_like(far, -1.0), torch.zeros(1, dtype=F64), torch.ones_like(far)
+    _, g_is, k_is = ours_loss_and_grad(far, near, near, one, m2, l_max, kl_is=True)
+    _, g_plain, k_plain = ours_loss_and_grad(far, near, near, one, m2, l_max)
+    assert k_plain["kl"] > 1e11 and k_is["kl"] < 1.0 and float(g_is.abs().max()) < 1.0 < float(g_plain.abs().max())
 
 
 def test_loss_rejects_bad_inputs():

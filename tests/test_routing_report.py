@@ -33,6 +33,7 @@ def test_per_seed_rows_golden_values():
     assert set(rows) == {(a, str(s)) for a in ORDER[1:] for s in (41, 42, 43)}  # routed arms only
     assert rows[("route_masked", "41")] == [
         "route_masked", "candidate", "41", "20.0", "25.0", "100.0", "-30.0", "0.0", "55.0 / 25.0 / 100.0", "1.23", "—",
+        "—",
     ]  # fmt: skip
     assert rows[("route_masked", "42")][5] == "85.0" and rows[("route_masked", "42")][9] == "—"
     assert rows[("route_masked_oracle", "43")][1:8] == ["oracle", "43", "0.0", "10.0", "100.0", "-50.0", "-15.0"]
@@ -40,23 +41,34 @@ def test_per_seed_rows_golden_values():
     assert "<!-- sources: " in md and "route_masked_oracle-s43/per_mode_deploy.json" in md
 
 
-def test_gate_over_training_from_the_train_log(tmp_path):
-    """The gate column reads the train stage's per-step TSV: means over the steps that logged each quantity (NaN
-    steps skipped), the live AUROC beside the share routed, and the log among the sources."""
+def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
+    """The gate and KL columns read the train stage's per-step TSV: means over the steps that logged each quantity
+    (NaN steps skipped), the live AUROC beside the share routed; the share of steps whose KL exceeds 1 and the largest,
+    with the matched baseline's range in the legend; the logs among the sources."""
     log = tmp_path / "route_masked-s41.tsv"
     log.write_text(
-        "step\tgate_frac\tgate_mean\tgate_auroc_live\n1\t0.75\t0.5\tnan\n2\t0.25\t0.3\t0.6\n3\t0.5\t0.4\t0.4\n"
+        "step\tkl\tgate_frac\tgate_mean\tgate_auroc_live\n"
+        "1\t0.1\t0.75\t0.5\tnan\n2\t2.5\t0.25\t0.3\t0.6\n3\tnan\t0.5\t0.4\t0.4\n"
     )
-    g = R.gate_log(log)
-    assert g == {"gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "source": str(log)}
+    g = R.train_log(log)
+    assert g == {
+        "gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "kl_spikes": 0.5, "kl_max": 2.5,
+        "source": str(log),
+    }  # fmt: skip
+    base = {}
+    for s, kls in ((41, "0.1\n2\t0.2\n3\t1.5\n4\t0.3"), (42, "0.1\n2\t0.2\n3\t0.4\n4\t0.3")):
+        (tmp_path / f"m{s}.tsv").write_text(f"step\tkl\n1\t{kls}\n")
+        base[("measure_only", s)] = R.train_log(tmp_path / f"m{s}.tsv")
+    assert base[("measure_only", 41)] == {"kl_spikes": 0.25, "kl_max": 1.5, "source": str(tmp_path / "m41.tsv")}
     bare = tmp_path / "vanilla-s41.tsv"
     bare.write_text("step\treward\n1\t0.5\n")
-    assert R.gate_log(bare) == {}
-    md = render(runs(), ORDER, {}, "", gates={("route_masked", 41): g})
+    assert R.train_log(bare) == {}
+    md = render(runs(), ORDER, {}, "", logs={("route_masked", 41): g} | base)
     rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
-    assert rows[("route_masked", "41")][10] == "50.0 / 0.40 / 0.50"
-    assert rows[("route_masked", "42")][10] == "—"  # not logged
-    assert str(log) in md.split("<!-- sources: ")[1]
+    assert rows[("route_masked", "41")][10:] == ["50.0 / 0.40 / 0.50", "50.0 / 2.5"]
+    assert rows[("route_masked", "42")][10:] == ["—", "—"]  # not logged
+    assert "measure_only's: 0.0–25.0% of steps, max 1.5." in md
+    assert {str(log), str(tmp_path / "m41.tsv")} <= set(md.split("<!-- sources: ")[1].split(" -->")[0].split(", "))
 
 
 def test_targets_and_verdicts_per_arm():

@@ -414,6 +414,7 @@ NO_CHEAT = [(arm, "") for arm in ROUTING] + [
     ("route_masked_act", ""),
     ("route_per_token", "act"),
     ("route_masked_mr_q", ""),
+    ("route_masked_is", ""),
 ]
 
 
@@ -1057,6 +1058,44 @@ def test_masked_variants_train_as_their_overrides_say(world, tmp_path, suffix):
     v = run(world, f"route_masked_{suffix}", tmp_path / "v", p=p0)
     assert same(v, run(world, "route_masked", tmp_path / "p", p=p))
     assert not same(v, run(world, "route_masked", tmp_path / "plain", p=p0))
+
+
+@pytest.mark.parametrize("masked_is", [False, True])
+def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(world, tmp_path, monkeypatch, masked_is):
+    """projection.masked_is: the masked pass' old_logp is the first pass' log-probs, each row in the state it was
+    sampled in (knob on), and its KL term is ratio-weighted. So once the knob has moved, a row trained knob off (not
+    routed) has ratio π_off/π_on ≠ 1, while a routed row (trained knob on) has ratio 1 up to float rounding. Off, every
+    call's old_logp is its own log-probs (ratio exactly 1) and nothing is weighted. (route_masked_oracle: the fake
+    grader's labels route about a third of the rows.)"""
+    import projected_grpo.rl.train as T
+
+    calls, states = [], []  # states: each step's (main, knob) row masks
+    loss, mask_states = T.grpo_loss, T.mask_states
+
+    def spy_loss(logp, old_logp, *a, **k):
+        calls.append((logp.detach().clone(), old_logp.detach().clone(), a[2].bool(), k["kl_is"]))
+        return loss(logp, old_logp, *a, **k)
+
+    monkeypatch.setattr(T, "grpo_loss", spy_loss)
+    monkeypatch.setattr(T, "mask_states", lambda m: states.append(mask_states(m)) or states[-1])
+    run(world, "route_masked_oracle", tmp_path, p=tiny_params(projection={"masked_is": masked_is}))
+    n_mb = 2  # 2 prompts x 4 rollouts in micro-batches of 4: per step 2 first-pass calls, then 2 masked ones
+    assert len(calls) == 2 * n_mb * len(states) == 12
+    gaps = {"routed": [], "unrouted": []}
+    for t, (_, knob) in enumerate(states):  # the oracle gate is 0 or 1: no ambiguous rows
+        first, masked = calls[2 * n_mb * t : 2 * n_mb * t + n_mb], calls[2 * n_mb * t + n_mb : 2 * n_mb * (t + 1)]
+        assert all(torch.equal(lp, old) and not kl_is for lp, old, _, kl_is in first)
+        for i, (lp, old, valid, kl_is) in enumerate(masked):
+            assert kl_is == masked_is
+            assert torch.equal(old, first[i][0] if masked_is else lp)
+            rows = slice(i * 4, (i + 1) * 4)
+            for r, kn in enumerate(knob[rows]):
+                gap = float((lp[r] - old[r])[valid[r]].abs().max())
+                if t > 0:  # step 0's knob is 0: both states are the same function
+                    gaps["routed" if kn > 0 else "unrouted"].append(gap)
+    assert gaps["routed"] and gaps["unrouted"]
+    assert max(gaps["routed"]) < 1e-5
+    assert (max(gaps["unrouted"]) > 1e-3) == masked_is and min(gaps["unrouted"]) >= 0
 
 
 def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):

@@ -398,6 +398,13 @@ class ProjectionParams:
     # rows included), main_rows = the mean of the group's main rows only (routed rows keep the group baseline). Other
     # arms ignore it.
     main_baseline: str = "group"
+    # Masked routing's importance correction: every row is sampled with the knob on (deploy groups: off), but an
+    # unrouted row trains with the knob off. false: ratio 1 at the update, as if the knob-off main had sampled it;
+    # true: old_logp is the sampling state's (the first pass'), so the PPO ratio is π_trained/π_sampled, clipped, and
+    # the k3 KL term is weighted by it (detached): a token the main finds far less likely than the sampler did stops
+    # pushing instead of exploding KL's e^(ref − logp). Routed and ambiguous rows train in their sampling state (ratio
+    # 1 either way). Other arms ignore it.
+    masked_is: bool = False
     # Retain heal (issue 25; 0 = off, the default until it wins): after the last GRPO step, this many Adam steps of NLL
     # on the clean completions of the held-out extraction pairs, knob off, main δS only (rl/heal.py), at heal_lr with
     # heal_batch completions a step; the final checkpoint is the healed policy. Arms with a knob only.

@@ -101,7 +101,8 @@ ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 # these params. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline; q: the knob in
 # its own directions; deploy: a quarter of the groups sampled and trained knob off; act: the gate in activation space
 # (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's);
-# heal: a retain heal after the last step (rl/heal.py).
+# heal: a retain heal after the last step (rl/heal.py); is: the unrouted rows' importance correction (they are sampled
+# knob on and trained knob off).
 MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "tail": (("projection.band", "tail"),),
     "mr": (("projection.main_baseline", "main_rows"),),
@@ -111,6 +112,8 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "act": (("basis.space", "act"),),
     "act_mr": (("basis.space", "act"), ("projection.main_baseline", "main_rows")),
     "heal": (("projection.heal_steps", 7),),  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
+    "is": (("projection.masked_is", True),),
+    "mr_is": (("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
 }
 
 

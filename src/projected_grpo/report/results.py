@@ -73,31 +73,37 @@ class Runs:
 @dataclass
 class Found:
     """What `discover` read: the runs, those not evaluated ("<arm>-s<seed>"), routed runs' knob-effect records with
-    their sources, each run's recorded `gate_uninformative` flag, and gated runs' gate over training (`gate_log`)."""
+    their sources, each run's recorded `gate_uninformative` flag, and each run's gate and KL over training
+    (`train_log`)."""
 
     runs: Runs
     missing: list[str]
     effects: dict[tuple[str, int], dict]
     effect_sources: list[str]
     gates: dict[tuple[str, int], bool]
-    gate_logs: dict[tuple[str, int], dict] = field(default_factory=dict)
+    train_logs: dict[tuple[str, int], dict] = field(default_factory=dict)
 
 
 GATE_LOG = ("gate_frac", "gate_mean", "gate_auroc_live")
+KL_SPIKE = 1.0  # a step whose logged KL exceeds this spikes (the committed measure_only runs: 0-1.5% of steps)
 
 
-def gate_log(path: Path) -> dict:
-    """A gated run's gate over its training steps, from the train stage's per-step TSV: the means over steps of
+def train_log(path: Path) -> dict:
+    """A run's gate and KL over its training steps, from the train stage's per-step TSV: the means over steps of
     `gate_frac` (the share of rollouts the gate sends to the knob at all), `gate_mean` (the mean gate, in [0, 1]) and
     `gate_auroc_live` (the live score's AUROC, hack vs not, on the step's own rollouts: it reads the grader's labels
-    and is a diagnostic only, nothing routes by it), each over the steps that logged it, and `source`. {} when the
-    log has none of them (an ungated arm)."""
+    and is a diagnostic only, nothing routes by it); `kl_spikes`, the share of steps whose logged KL to the reference
+    (the loss' k3 estimate, each row in the state it trained in) exceeds KL_SPIKE, and `kl_max`; each over the steps
+    that logged it, and `source`. {} when the log has none of them."""
     rows = read_curve(path)
     out = {}
     for k in GATE_LOG:
         v = [r[k] for r in rows if k in r and not math.isnan(r[k])]  # NaN: not logged that step
         if v:
             out[k] = sum(v) / len(v)
+    kl = [r["kl"] for r in rows if "kl" in r and not math.isnan(r["kl"])]
+    if kl:
+        out |= {"kl_spikes": sum(x > KL_SPIKE for x in kl) / len(kl), "kl_max": max(kl)}
     return out | {"source": str(path)} if out else {}
 
 
@@ -133,8 +139,8 @@ def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, t
         if flag is not None:
             f.gates[(a, s)] = flag
         log = train_logs / group / f"{a}-s{s}.tsv"
-        if ARMS[a].gate is not None and log.exists() and (g := gate_log(log)):
-            f.gate_logs[(a, s)] = g
+        if log.exists() and (g := train_log(log)):
+            f.train_logs[(a, s)] = g
     return f
 
 

@@ -3,9 +3,11 @@
 For every routed arm evaluated (candidates, their random-direction controls, the oracle-gated upper bounds), each
 seed's final checkpoint: the deploy state's (knob off) hack on train-surface hints, solve and format on no-hint
 prompts, the same for the knob on, Δ hack and Δ solve against the same-seed matched baseline (measure_only), and
-‖Vh δS‖, the main's component along v_hack (knob_effect.json), and the gate over training (its mean share of rollouts
+‖Vh δS‖, the main's component along v_hack (knob_effect.json), the gate over training (its mean share of rollouts
 routed at all, its mean value, and its live AUROC against the grader's hack label: a diagnostic that reads labels;
-nothing routes by it). Then per arm: the deploy targets on every seed
+nothing routes by it) and the KL spikes over training (the share of steps whose logged KL exceeds
+results.KL_SPIKE, and the largest: a masked row trained in another state than it was sampled in can blow up k3).
+Then per arm: the deploy targets on every seed
 (format ≥ 90 %, solve ≥ base − 3 points) and the win rule's verdict (win_rule.py: Δ hack vs the matched baseline,
 solve not below it, beating the matched random control). Oracle arms read the grader's labels: they bound what
 the mechanics can do and never win.
@@ -38,16 +40,30 @@ def targets_met(runs: R.Runs, arm: str) -> tuple[bool, list[int]]:
 
 
 def gate_cell(g: dict | None) -> str:
-    """The gate over training (results.gate_log): share routed (%) / mean gate / live AUROC; — where not logged."""
-    if not g:
+    """The gate over training (results.train_log): share routed (%) / mean gate / live AUROC; — where not logged."""
+    if not g or not any(k in g for k in R.GATE_LOG):
         return "—"
     cells = [pct(g["gate_frac"]) if "gate_frac" in g else "—"]
     cells += [f"{g[k]:.2f}" if k in g else "—" for k in ("gate_mean", "gate_auroc_live")]
     return " / ".join(cells)
 
 
+def kl_cell(g: dict | None) -> str:
+    """KL spikes over training (results.train_log): steps with KL > KL_SPIKE (%) / the largest KL; — if not logged."""
+    return f"{pct(g['kl_spikes'])} / {g['kl_max']:.1f}" if g and "kl_spikes" in g else "—"
+
+
+def kl_baseline(logs: dict[tuple[str, int], dict]) -> str:
+    """The matched baseline's KL spikes, for the column's legend: the range of its seeds' shares and its largest KL."""
+    b = [g for (a, _), g in sorted(logs.items()) if a == W.MATCHED and "kl_spikes" in g]
+    if not b:
+        return ""
+    lo, hi = min(g["kl_spikes"] for g in b), max(g["kl_spikes"] for g in b)
+    return f" {W.MATCHED}'s: {pct(lo)}–{pct(hi)}% of steps, max {max(g['kl_max'] for g in b):.1f}."
+
+
 def seed_rows(
-    runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict], gates: dict[tuple[str, int], dict]
+    runs: R.Runs, arm: str, effects: dict[tuple[str, int], dict], logs: dict[tuple[str, int], dict]
 ) -> list[str]:
     """One table row per seed of `arm` (see the module docstring for the columns)."""
     rows = []
@@ -67,7 +83,7 @@ def seed_rows(
             + " | "
             + " | ".join(d)
             + f" | {' / '.join(pct(x) for x in on) or '—'} | {'—' if vh != vh else f'{vh:.2f}'}"
-            + f" | {gate_cell(gates.get((arm, s)))} |"
+            + f" | {gate_cell(logs.get((arm, s)))} | {kl_cell(logs.get((arm, s)))} |"
         )
     return rows
 
@@ -117,11 +133,11 @@ def render(
     effects: dict[tuple[str, int], dict],
     params_line: str,
     direction: dict | None = None,
-    gates: dict[tuple[str, int], dict] | None = None,
+    logs: dict[tuple[str, int], dict] | None = None,
 ) -> str:
     """routing.md for the routed arms among `order` (the report's arm order); `direction`: the oracle_basis stage's
-    metrics, for the direction check; `gates`: gated runs' gate over training (results.gate_log, with its source)."""
-    gates = gates or {}
+    metrics, for the direction check; `logs`: runs' gate and KL over training (results.train_log, with its source)."""
+    logs = logs or {}
     routed = [a for a in runs.arms(order) if ARMS[a].routes]
     base = runs.base["full"]
     L = [
@@ -146,14 +162,16 @@ def render(
         "(knob_effect.json; for a separate quarantine the knob is not in these coordinates). gate: over the training "
         "steps, the mean share of rollouts routed at all (%) / the mean gate in [0, 1] / the mean live AUROC of the "
         "gate's score, hack vs not, on each step's own rollouts (it reads the grader's labels: a diagnostic, nothing "
-        "routes by it; 0.5 is chance).",
+        f"routes by it; 0.5 is chance). KL > {R.KL_SPIKE:g}: the share of training steps whose logged KL to the "
+        f"reference (k3, each row in the state it trained in) exceeds {R.KL_SPIKE:g} (%) / its largest value;"
+        + kl_baseline(logs),
         "",
         "| arm | role | seed | deploy hack (train) | deploy solve | deploy format | Δ hack | Δ solve | knob on "
-        "| ‖Vh δS‖ | gate: routed / mean / live AUROC |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| ‖Vh δS‖ | gate: routed / mean / live AUROC | KL > {R.KL_SPIKE:g} / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in routed:
-        L += seed_rows(runs, a, effects, gates)
+        L += seed_rows(runs, a, effects, logs)
     arms = runs.arms(order)
     verdicts = {v.arm: v for v in R.verdicts_of(runs, arms)}
     L += [
@@ -190,5 +208,5 @@ def render(
             "the gate fails; where the oracle misses them too, the mechanics do.",
         ]
     srcs = R.run_sources(runs, routed + ([W.MATCHED] if W.MATCHED in arms else []))
-    srcs += [g["source"] for (a, _), g in gates.items() if a in routed]
+    srcs += [g["source"] for (a, _), g in sorted(logs.items()) if a in routed or a == W.MATCHED]
     return "\n".join(L + ["", R.provenance([runs.base_source, *srcs])]).rstrip() + "\n"

@@ -61,8 +61,10 @@ def grpo_loss(
     n_rows: int | None = None,
     loss_type: str = "dr_grpo",
     n_tokens: float | None = None,
+    kl_is: bool = False,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `loss_type` -> (scalar, metrics).
+    """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `loss_type` -> (scalar, metrics); kl_is: the
+    KL term weighted by the detached ratio (off-policy rows, see below).
 
     Aggregation (`aggregate`): dr_grpo sum(x) / (n_rows*l_max), the default; grpo sum_n [sum_t x / |o_n|] / n_rows;
     dapo sum(x) / n_tokens. n_rows and n_tokens are the *whole batch's* row and mask-token counts (default: this
@@ -107,9 +109,13 @@ def grpo_loss(
     # unbiased, low-variance estimate of KL(pi || pi_ref) under samples from pi. Added per token *before*
     # aggregation (as TRL). No importance weight rho on it: TRL 1.16 multiplies by rho by default
     # (use_bias_correction_kl=True), which changes the KL gradient even on-policy; method.md §3.7 does not.
+    # kl_is (masked routing's projection.masked_is, rows trained in another state than they were sampled in): weighted
+    # by rho *detached*, the importance weight, which is exactly 1 on-policy; rho e^(ref − logp) = e^(ref − old_logp)
+    # stays bounded where the trained state finds a sampled token far less likely than the sampler did.
     if ref_logp is not None:
         d = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))  # (B, T) zeroed like the log-ratio
         kl = torch.exp(d) - d - 1.0  # (B, T), 0 at padding
+        kl = ratio.detach() * kl if kl_is else kl
     else:
         kl = None
     per_tok = pg + beta * kl if (kl is not None and beta != 0.0) else pg  # (B, T)

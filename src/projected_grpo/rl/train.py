@@ -307,6 +307,7 @@ class Grads:
     stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
     knob_raw: dict[str, Tensor] | None = None  # {m: (D_m,)} δS_h.grad of a masked forward (else it equals raw)
     tok_act: Tensor | None = None  # (N, T) h_{n,t}·v_act at the position predicting token t (per-token act gate)
+    logp: list[Tensor] | None = None  # per micro-batch (b, T) log-probs in the state each row was sampled in, detached
 
 
 def loss_backward(
@@ -322,6 +323,7 @@ def loss_backward(
     timer: PhaseTimer,
     n_on: int,
     masks: tuple[Tensor, Tensor] | None = None,
+    old: list[Tensor] | None = None,
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
@@ -330,7 +332,8 @@ def loss_backward(
     residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
     each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing). masks: (N,) main
     and knob row masks (`adapter.row_masks`, masked routing): each row runs in its own state, and δS_h.grad is kept
-    apart from δS.grad."""
+    apart from δS.grad. old: per micro-batch old_logp (the sampling state's log-probs, projection.masked_is); None:
+    the update is on-policy (ratio 1). The returned Grads carries this pass' log-probs, detached."""
     g, N = p.grpo, ro.completion_ids.shape[0]
     n_tokens = float(ro.mask.sum())  # the step's loss tokens: dapo's normalizer is the whole batch's, not a micro's
     per_token = arm.gate == "token"
@@ -341,9 +344,10 @@ def loss_backward(
     rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
     tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
     tok_dot, tok_sq, pooled, tok_act = [], [], [], []  # (b, T), (b, T), (b, d), (b, T) per micro-batch
+    logps = []  # (b, T) per micro-batch
     stats = {"clip_frac": 0.0, "kl": 0.0}
     dirs = token_dirs(d.cur, d.kept) if per_token else {}
-    for sl, ref in zip(mbs, refs):
+    for i, (sl, ref) in enumerate(zip(mbs, refs)):
         pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
         runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
         probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
@@ -365,10 +369,12 @@ def loss_backward(
         ):
             with timer("forward"):
                 logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, shared, prompt_state)
-                # on-policy, one update per step: old_logp is logp itself, detached (ratio 1 at the update)
+                # one update per step: old_logp is logp itself, detached (ratio 1 at the update), unless `old` gives
+                # the sampling state's (a masked row trained in another state than it was sampled in)
+                logps.append(logp.detach())
                 loss, m = grpo_loss(
                     logp,
-                    logp.detach(),
+                    logps[-1] if old is None else old[i],
                     ref,
                     adv[sl],
                     cm,
@@ -379,6 +385,7 @@ def loss_backward(
                     n_rows=N,
                     loss_type=g.loss,
                     n_tokens=n_tokens,
+                    kl_is=old is not None,
                 )
             with timer("backward"):
                 loss.backward()
@@ -408,6 +415,7 @@ def loss_backward(
         stats=stats,
         knob_raw=None if masks is None else {n: grad_or_zero(ads[n].knob) for n in d.names},
         tok_act=cat(tok_act),
+        logp=logps,
     )
 
 
@@ -417,16 +425,18 @@ def gate_activations(
     """Masked routing's first pass when the gate reads activations (basis.space=act, per rollout): the gate needs
     only each rollout's completion-pooled residual at act_layer, so the forward runs without gradients and without the
     backward a gradient gate needs. Each micro-batch in the state it was sampled in (deploy rows knob off), as
-    `loss_backward` runs it; the pooled rows are the same numbers. Returns Grads carrying `pooled` only."""
-    pooled = []
+    `loss_backward` runs it; the pooled rows are the same numbers. Returns Grads carrying `pooled` and `logp` only."""
+    pooled, logps = [], []
     with torch.no_grad(), timer("forward"):
         for sl in mbs:
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
             state = knob_disabled(model) if sl.start >= n_on else nullcontext()
             with state, residual_capture(model, d.act_layer) as hid:
-                loss_logprobs(model, pi, pm, ci, cm, temperature, None)  # the first pass' forward, per row
+                logps.append(loss_logprobs(model, pi, pm, ci, cm, temperature, None))  # the first pass' forward
             pooled.append(pool_tokens(hid["h"][:, pi.shape[1] :], cm))
-    return Grads(raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=torch.cat(pooled), stats={})
+    return Grads(
+        raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=torch.cat(pooled), stats={}, logp=logps
+    )
 
 
 def grad_or_zero(x: Tensor) -> Tensor:
@@ -757,7 +767,8 @@ def train(
         if arm.masked:  # the loss again, each rollout in the state its gate picked (adapter.row_masks)
             states = mask_states(m_gate)
             adv_m = masked_advantages(rewards, adv, states[0] > 0, G, pj.main_baseline, g.scale_rewards == "group")
-            gr = loss_backward(model, ro, refs, adv_m, mbs, p, arm, d, policy_runs, timer, n_on, states)
+            old = gr.logp if pj.masked_is else None  # the first pass ran each row in its sampling state
+            gr = loss_backward(model, ro, refs, adv_m, mbs, p, arm, d, policy_runs, timer, n_on, states, old)
         xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
         diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
         # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
@@ -817,7 +828,14 @@ SIGNATURE_DEFAULTS = {
     },
     "rollout": {"batch_size": None},
     "adapter": {"quarantine": "shared"},
-    "projection": {"deploy_frac": 0.0, "main_baseline": "group", "heal_steps": 0, "heal_lr": 1.0e-3, "heal_batch": 8},
+    "projection": {
+        "deploy_frac": 0.0,
+        "main_baseline": "group",
+        "masked_is": False,
+        "heal_steps": 0,
+        "heal_lr": 1.0e-3,
+        "heal_batch": 8,
+    },
 }
 
 
