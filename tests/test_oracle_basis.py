@@ -217,36 +217,33 @@ def test_every_oracle_basis_arm_is_an_oracle_twin_of_a_registered_arm():
         assert a.random_dir == a.name.endswith("_random")
 
 
-def test_stage_without_vanillas_final_checkpoint_stops_with_one_line_and_writes_nothing(tmp_path):
+def run_stage(tmp_path):
+    """The oracle_basis stage's CLI on tmp_path's inputs -> (result, out dir, report path)."""
     from typer.testing import CliRunner
 
     from stages.oracle_basis import main
     from tests.conftest import ROOT, stage_cli
 
-    (tmp_path / "vanilla" / "s41").mkdir(parents=True)
     out, report = tmp_path / "out", tmp_path / "oracle_basis.md"
     args = ["--organism", tmp_path, "--problems", tmp_path, "--vanilla", tmp_path / "vanilla", "--basis", tmp_path]
     args += ["--pairsets", ROOT / "data" / "pairsets", "--out", out, "--report", report, "--metrics", tmp_path / "m"]
-    res = CliRunner().invoke(stage_cli(main), [str(a) for a in args])
+    return CliRunner().invoke(stage_cli(main), [str(a) for a in args]), out, report
+
+
+def test_stage_without_vanillas_final_checkpoint_stops_with_one_line_and_writes_nothing(tmp_path):
+    (tmp_path / "vanilla" / "s41").mkdir(parents=True)
+    res, out, report = run_stage(tmp_path)
     assert res.exit_code == 2 and "has no checkpoint of the final step 200; run train_ref@vanilla-41" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not out.exists() and not report.exists()
 
 
 def test_stage_with_a_basis_stage_output_lacking_v_act_stops_before_sampling(tmp_path):
-    from typer.testing import CliRunner
-
-    from stages.oracle_basis import main
-    from tests.conftest import ROOT, stage_cli
-
     for s in (41, 42, 43):  # vanilla's final checkpoints exist (the stage's first check passes)
         run = tmp_path / "vanilla" / f"s{s}"
         run.mkdir(parents=True)
         (run / "step_00200.pt").touch(), (run / "step_00200.safetensors").touch()
     Basis(vh={"m": torch.ones(1, 2)}, nu={}, meta={}).save(tmp_path / "basis.safetensors")
     Basis(vh={"m": torch.ones(1, 2)}, nu={}, meta={"space": "act"}).save(tmp_path / "act.safetensors")  # no v_act
-    out, report = tmp_path / "out", tmp_path / "oracle_basis.md"
-    args = ["--organism", tmp_path, "--problems", tmp_path, "--vanilla", tmp_path / "vanilla", "--basis", tmp_path]
-    args += ["--pairsets", ROOT / "data" / "pairsets", "--out", out, "--report", report, "--metrics", tmp_path / "m"]
-    res = CliRunner().invoke(stage_cli(main), [str(a) for a in args])
+    res, out, report = run_stage(tmp_path)
     assert res.exit_code == 2 and "act.safetensors has no v_act; re-run the basis stage" in res.output
     assert len(res.output.strip().splitlines()) == 1 and not out.exists() and not report.exists()

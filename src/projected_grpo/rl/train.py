@@ -307,7 +307,7 @@ class Grads:
     stats: dict[str, float]  # the loss's clip_frac and kl, averaged over rows
     knob_raw: dict[str, Tensor] | None = None  # {m: (D_m,)} δS_h.grad of a masked forward (else it equals raw)
     tok_act: Tensor | None = None  # (N, T) h_{n,t}·v_act at the position predicting token t (per-token act gate)
-    logp: list[Tensor] | None = None  # per micro-batch (b, T) log-probs in the state each row was sampled in, detached
+    logp: list[Tensor] | None = None  # per micro-batch (b, T) this pass' log-probs, detached (first: sampling state)
 
 
 def loss_backward(
