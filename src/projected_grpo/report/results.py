@@ -96,13 +96,9 @@ def train_log(path: Path) -> dict:
     (the loss' k3 estimate, each row in the state it trained in) exceeds KL_SPIKE, and `kl_max`; each over the steps
     that logged it, and `source`. {} when the log has none of them."""
     rows = read_curve(path)
-    out = {}
-    for k in GATE_LOG:
-        v = [r[k] for r in rows if k in r and not math.isnan(r[k])]  # NaN: not logged that step
-        if v:
-            out[k] = sum(v) / len(v)
-    kl = [r["kl"] for r in rows if "kl" in r and not math.isnan(r["kl"])]
-    if kl:
+    logged = {k: [r[k] for r in rows if k in r and not math.isnan(r[k])] for k in (*GATE_LOG, "kl")}  # NaN: not logged
+    out = {k: sum(v) / len(v) for k, v in logged.items() if v and k in GATE_LOG}
+    if kl := logged["kl"]:
         out |= {"kl_spikes": sum(x > KL_SPIKE for x in kl) / len(kl), "kl_max": max(kl)}
     return out | {"source": str(path)} if out else {}
 
