@@ -200,6 +200,33 @@ def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
         check_run_basis(p, get_arm("erase_one_sided"), RunBasis(basis=res["selected"]))
 
 
+def test_an_act_gated_random_control_gates_on_a_random_direction(holdout, tiny, tmp_path):
+    """An act-gated arm's gate reads v_act; its *_random control's reads a Haar unit direction of the same size and
+    layer instead (seeded, so every load agrees), so the control's gate is as random as its span."""
+    m, tok = tiny
+    pairs = _exploit_pairs(holdout, 6, 4)
+    p0 = _params()
+    res = O.extract_oracle(m, tok, pairs, pairs, {q.id: q for q in holdout}, _pairset_basis(m), p0)
+    out = tmp_path / "oracle"
+    for name, b in (("basis", res["selected"]), ("random", res["random"]), ("act", res["act"])):
+        b.save(out / f"{name}.safetensors")
+    O.save_pairs(out / ORACLE_PAIRS, pairs)
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    save_problems_parquet(problems / "holdout.parquet", holdout)
+    real_arm, ctl_arm = get_arm("route_masked_act_oracle_basis"), get_arm("route_masked_act_oracle_basis_random")
+    real = load_run_basis(real_arm.params(p0), real_arm, out, None, problems)
+    ctl, again = (load_run_basis(ctl_arm.params(p0), ctl_arm, out, None, problems) for _ in range(2))
+    check_run_basis(ctl_arm.params(p0), ctl_arm, ctl)
+    v = res["act"].v_act
+    assert torch.equal(real.act.v_act, v) and not real.act.meta.get("random")
+    assert ctl.act.v_act.shape == v.shape and ctl.act.meta["act_layer"] == res["act"].meta["act_layer"]
+    assert abs(float(ctl.act.v_act.norm()) - 1) < 1e-5 and abs(float(ctl.act.v_act @ v)) < 0.9
+    assert torch.equal(ctl.act.v_act, again.act.v_act) and ctl.act.meta["random"]
+    off = load_run_basis(p0, ctl_arm, out, None, problems)  # basis.space=grad: no activation gate at all
+    assert off.act is None
+
+
 def test_every_oracle_basis_arm_is_an_oracle_twin_of_a_registered_arm():
     from projected_grpo.method.arms import ARMS, ORACLE_BASIS_OF
 

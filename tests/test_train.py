@@ -772,7 +772,10 @@ def test_refresh_is_the_stage_extraction_and_the_random_control_stays_matched(wo
     a_h = pooled_activations(m, tok, ex.records, ex.hack, bp.act_layer)
     a_c = pooled_activations(m, tok, ex.records, ex.clean, bp.act_layer)
     assert torch.equal(real.v_act, act_basis(a_h, a_c, bp.act_layer).v_act)
-    rnd, again, later = (refresh_basis(m, tok, ex, bp, True, s, 0.7, None) for s in (4, 4, 6))
+    rnd, again, later = (refresh_basis(m, tok, ex, bp, True, s, 0.7, bp.act_layer) for s in (4, 4, 6))
+    for x in (rnd, later):  # the control's activation gate is redrawn at random too, per (basis seed, step)
+        assert abs(float(x.v_act.norm()) - 1) < 1e-5 and abs(float(x.v_act @ real.v_act)) < 0.9
+    assert torch.equal(rnd.v_act, again.v_act) and not torch.allclose(rnd.v_act, later.v_act)
     assert rnd.k == real.k and later.k == real.k  # same modules, same k_m
     for n, v in rnd.vh.items():
         torch.testing.assert_close(v @ v.T, torch.eye(v.shape[0]), atol=1e-5, rtol=0)

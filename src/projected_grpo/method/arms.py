@@ -34,7 +34,8 @@ class Arm:
     monitor: str | None = None  # GT-monitor baselines: penalty (−3 when flagged) or screening (advantage 0)
     gate: str | None = None  # per-sample routing gate calibrated on held-out pairs (GATES); None: batch rule
     reads_basis: bool = True  # False: plain coordinates, no basis input (so basis changes never re-run it)
-    random_dir: bool = False  # the same rule with Haar directions of the same k per module (a control)
+    random_dir: bool = False  # the same rule with Haar directions of the same k per module (a control; act-gated: a
+    # Haar v_act too, so the gate is as random as the span)
     control: str | None = None  # the name of this arm's random-direction control, where the registry has one
     mass_matched: bool = False  # a control whose moved norm can be matched to v_hack's (projection.random_match)
     pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
@@ -114,6 +115,7 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "heal": (("projection.heal_steps", 7),),  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
     "is": (("projection.masked_is", True),),
     "mr_is": (("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
+    "act_mr_is": (("basis.space", "act"), ("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
 }
 
 

@@ -407,3 +407,11 @@ def act_basis(a_hack: Tensor, a_clean: Tensor, layer: int) -> Basis:
     """Activation-space direction v_act = normalize(mean_p (pool(h_hack) − pool(h_clean))) at `layer`."""
     v = diff_of_means(a_hack - a_clean)[0]
     return Basis(vh={}, nu={}, meta={"space": "act", "act_layer": layer, "n_pairs": len(a_hack)}, v_act=v)
+
+
+def random_act(like: Basis, seed: int) -> Basis:
+    """The activation gate's random control: a Haar-random unit direction of `like`'s v_act size, at its layer. Its
+    gate is calibrated on the held-out pairs exactly as v_act's is, so it routes what a direction without signal
+    routes (the gradient-space controls' random ν does the same for their gate)."""
+    v = random_directions(1, like.v_act.shape[0], torch.Generator().manual_seed(seed), like.v_act.dtype)[0]
+    return Basis(vh={}, nu={}, meta={**like.meta, "random": True, "seed": seed}, v_act=v)

@@ -32,6 +32,7 @@ from projected_grpo.method.basis import (
     completion_grads,
     held_out_batch,
     pooled_activations,
+    random_act,
 )
 from projected_grpo.method.gate import GateState, HeldOutPairs
 from projected_grpo.method.pairs import ORACLE_PAIRS, Pair, load_pairset, pair_records, pairset_path, select_pairs
@@ -43,7 +44,8 @@ class RunBasis:
     """What a run reads about v_hack; every field None for a basis-free arm.
 
     basis: the directions the arm edits along (the random control's for `*_random` arms).
-    act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates per-rollout routing.
+    act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates routing; for a `*_random`
+        arm a Haar-random unit direction in its place (`random_act`), so the control's gate is random too.
     matched: v_hack for a random control with projection.random_match=mass: each step, what the control moves out of
         main is rescaled (one factor over all modules) to the norm the same rule moves along v_hack.
     cal: held-out calibration pairs (gated routing). extraction: held-out extraction pairs (basis refresh)."""
@@ -69,6 +71,12 @@ def mass_matched(p, arm: Arm) -> bool:
     route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
     has no match_target column). Nor route_full_random: it moves whole rollouts, matched by construction."""
     return arm.mass_matched and p.projection.random_match == "mass"
+
+
+def act_seed(seed: int, step: int | None = None) -> int:
+    """The seed of a random control's activation direction: the stage's (step None) or a refresh's at `step`."""
+    tag = f"{seed}:act" if step is None else f"{seed}:act:refresh:{step}"
+    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "big")
 
 
 def act_gated(p, arm: Arm) -> bool:
@@ -105,6 +113,8 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
             "reports/oracle_basis.md); raise oracle_basis.problems or oracle_basis.samples"
         )
     act = Basis.load(basis_dir / "act.safetensors") if act_gated(p, arm) else None
+    if act is not None and arm.random_dir:
+        act = random_act(act, act_seed(p.basis.seed))
     matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
     cal = ex = None
     if arm.gate is not None or refreshes(p, arm) or heals(p, arm):
@@ -160,7 +170,8 @@ def refresh_basis(
     pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
 
     A `*_random` arm (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
-    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too.
+    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too (a `*_random`
+    arm's redrawn at random, seeded the same way).
     batch_size: completions per forward/backward."""
     gh = completion_grads(model, tok, ex.records, ex.hack, temperature, batch_size)  # {m: (P, D_m)}
     gc = completion_grads(model, tok, ex.records, ex.clean, temperature, batch_size)
@@ -176,7 +187,8 @@ def refresh_basis(
     if act_layer is not None:
         ah = pooled_activations(model, tok, ex.records, ex.hack, act_layer, batch_size)  # (P, d)
         ac = pooled_activations(model, tok, ex.records, ex.clean, act_layer, batch_size)
-        b.v_act = act_basis(ah, ac, act_layer).v_act
+        ab = act_basis(ah, ac, act_layer)
+        b.v_act = random_act(ab, act_seed(bp.seed, step)).v_act if random_dir else ab.v_act
     b.meta.update(refreshed_at=step)
     return b
 
