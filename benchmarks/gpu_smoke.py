@@ -10,7 +10,8 @@ Two parts, each recorded even when the other fails:
   shrunk (`--prompts`, `--group`, `--new-tokens`, `--micro-batch`): phase times and peak GPU memory. The tiny
   tokenizer stands in for Qwen's (random weights sample ids it cannot decode: completions run to the token budget,
   the worst case for memory). route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on the
-  held-out pairs of the tiny chain's problems, so probes, gates and the knob run at this shape too.
+  held-out pairs of the tiny chain's problems, so probes, gates and the knob run at this shape too; an act-gated arm
+  (e.g. route_masked_act_mr_is) reads a random unit v_act beside it.
 
   python benchmarks/gpu_smoke.py --out /tmp/gpu.json                       # on the GPU machine
   python benchmarks/gpu_smoke.py --out /tmp/cpu.json --device cpu --layers 2  # this script's code path, here
@@ -96,8 +97,10 @@ def shape_model(device: str, layers: int, small: bool = False):
     return model.eval(), tok
 
 
-def random_basis(model, k: int, out: Path) -> None:
-    """A Haar-random basis (k rows per module) and a random unit ν, saved as the basis stage saves one."""
+def random_basis(model, k: int, out: Path, act_layer: int) -> None:
+    """A Haar-random basis (k rows per module) and a random unit ν, saved as the basis stage saves one
+    (basis.safetensors, and the same as random.safetensors for `*_random` arms), and a random unit v_act at
+    `act_layer` (act.safetensors) for act-gated arms."""
     import torch
 
     from projected_grpo.method.basis import Basis, random_directions
@@ -108,7 +111,12 @@ def random_basis(model, k: int, out: Path) -> None:
     vh = {n: random_directions(k, a.dim, gen) for n, a in ads.items()}
     nu = {n: torch.randn(a.dim, generator=gen) for n, a in ads.items()}
     scale = torch.cat(list(nu.values())).norm()
-    Basis(vh=vh, nu={n: v / scale for n, v in nu.items()}, meta={"method": "random", "smoke": True}).save(out)
+    b = Basis(vh=vh, nu={n: v / scale for n, v in nu.items()}, meta={"method": "random", "smoke": True})
+    b.save(out / "basis.safetensors")
+    b.save(out / "random.safetensors")
+    v = torch.randn(model.config.hidden_size, generator=gen)
+    act = Basis({}, {}, {"space": "act", "act_layer": act_layer, "smoke": True}, v_act=v / v.norm())
+    act.save(out / "act.safetensors")
 
 
 def part_shape(
@@ -142,7 +150,7 @@ def part_shape(
     problems = tiny_root / "artifacts/problems"
     records = load_problems_parquet(problems / "train.parquet")
     basis_dir = work / "shape_basis"
-    random_basis(model, p0.basis.k, basis_dir / "basis.safetensors")
+    random_basis(model, p0.basis.k, basis_dir, p0.basis.act_layer)
     import projected_grpo.rl.train as loop
 
     seen = {}

@@ -88,6 +88,41 @@ def test_checkpointing_recomputes_and_keeps_every_gradient(batch, kind, shared):
     assert all("forward" not in vars(layer) for layer in decoder_layers(model))
 
 
+@pytest.mark.parametrize("kind", ["svd", "lora"])
+def test_checkpointing_keeps_masked_routings_row_states(batch, kind):
+    """Masked routing's shared-prompt forward runs each distinct (prompt, row state) under its own row masks, then the
+    completions under theirs; the backward recomputes the prompts' layers after their masks were replaced, so the
+    recompute must see the masks its forward saw. δS.grad and δS_h.grad then agree with the plain run (a recompute
+    under the completions' masks broadcasts a prompt row over every row: wrong values, or a shape error)."""
+    from projected_grpo.policy.adapter import row_masks
+    from projected_grpo.rl.train import state_runs
+
+    tok, ro = batch
+    pi, pm, ci, cm = ro.prompt_ids, ro.prompt_mask, ro.completion_ids, ro.mask
+    main = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # each group's rows in mixed states (unrouted, routed,
+    knob = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0])  # ambiguous): 5 distinct (prompt, state) prompt rows
+    w = torch.linspace(-1.0, 1.0, pi.shape[0])[:, None]
+    model = adapted(tok, kind)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(model).values()):
+            a.knob.copy_(0.2 * torch.randn(a.dim, generator=torch.Generator().manual_seed(90 + i)))
+
+    def grads(on: bool) -> dict:
+        model.zero_grad(set_to_none=True)
+        first, owner = state_runs(pi, pm, main, knob)
+        assert 1 < len(first) < pi.shape[0]  # the prompts run in fewer rows than the completions
+        prompt_state = lambda: row_masks(model, main[first], knob[first])  # noqa: E731
+        with activation_checkpointing(model, on), row_masks(model, main, knob):
+            lp = shared_prompt_logprobs(model, pi, pm, ci, cm, 0.7, first, owner, prompt_state=prompt_state)
+            (torch.where(cm.bool(), lp, 0.0) * w).sum().backward()
+        return {(n, k): getattr(a, k).grad.clone() for n, a in adapters(model).items() for k in ("delta", "knob")}
+
+    off, on = grads(False), grads(True)
+    for key, x in off.items():
+        torch.testing.assert_close(on[key], x, rtol=1e-6, atol=1e-6 * float(x.abs().max()), msg=str(key))
+    assert all(float(x.norm()) > 0 for x in off.values())
+
+
 def test_checkpointing_is_off_without_gradients_and_needs_layers(batch):
     """Under no_grad a layer runs once (sampling and the reference forward are unaffected); a model without decoder
     layers is refused with the param's name."""

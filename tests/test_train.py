@@ -1521,7 +1521,7 @@ def test_rollout_batch_size_reaches_the_sampler(world):
     assert torch.equal(sample(2), two) and not torch.equal(two, one)
 
 
-@pytest.mark.parametrize("arm", ["vanilla", "route_per_rollout", "route_per_token"])
+@pytest.mark.parametrize("arm", ["vanilla", "route_per_rollout", "route_per_token", "route_masked", "route_masked_is"])
 def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, capsys):
     """A run with grpo.grad_checkpointing and one-row token cuts (grpo.micro_batch_tokens=1) reaches the adapters of
     the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,

@@ -7,9 +7,10 @@ when `model.training` is true (the loop keeps the model in eval mode), and under
 (`use_cache=False`, `cache=None`), which the shared-prompt forward (logprobs.shared_prompt_logprobs) is built on.
 
 The recompute must see what the forward saw, so each layer's forward records
-  * its adapters' probe and on/off state: a shared prompt's forward runs with probes paused (`probes_paused`), which
-    are open again by the backward; per-token capture is off in the recompute (the forward registered its hooks, on
-    the graph the backward runs through);
+  * its adapters' probe, on/off state and per-row masks: a shared prompt's forward runs with probes paused
+    (`probes_paused`), which are open again by the backward, and masked routing's runs its distinct prompts under
+    their own row masks (`adapter.row_masks`), which the completions' masks have replaced by then; per-token capture
+    is off in the recompute (the forward registered its hooks, on the graph the backward runs through);
   * the KV cache's layers as they were: HF's cache layers grow by rebinding their tensors (`torch.cat`), so the
     recompute runs on the cache as it stood before this layer's update and the cache is put back as it is now after
     it (a replayed layer would otherwise see its keys twice). A cache written in place (rollout.BufferedLayer) is
@@ -51,6 +52,15 @@ def _set_cache_state(cache, state: tuple[list, list[dict]] | None) -> None:
         vars(layer).update(a)
 
 
+def _state(a: Adapter) -> tuple:
+    """What an adapter's forward depends on besides its parameters: its probe, on/off and per-row masks."""
+    return a.probe, a.enabled, a.row_main, a.row_knob
+
+
+def _set_state(a: Adapter, st: tuple) -> None:
+    a.probe, a.enabled, a.row_main, a.row_knob = st
+
+
 def _checkpointed(layer: nn.Module):
     """`layer.forward` under torch.utils.checkpoint (non-reentrant); the recompute sees its adapters and the KV
     cache as the forward did."""
@@ -61,22 +71,24 @@ def _checkpointed(layer: nn.Module):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        seen = [(a.probe, a.enabled) for a in ads], _cache_state(cache)  # what this forward sees
+        seen = [_state(a) for a in ads], _cache_state(cache)  # what this forward sees
         first = [True]
 
         def run(*a, **kw):
             if first[0]:  # the forward itself
                 first[0] = False
                 return forward(*a, **kw)
-            now = [(x.probe, x.enabled, x.token_dirs) for x in ads], _cache_state(cache)
-            for x, (probe, enabled) in zip(ads, seen[0]):
-                x.probe, x.enabled, x.token_dirs = probe, enabled, None
+            now = [(_state(x), x.token_dirs) for x in ads], _cache_state(cache)
+            for x, st in zip(ads, seen[0]):
+                _set_state(x, st)
+                x.token_dirs = None
             _set_cache_state(cache, seen[1])
             try:
                 return forward(*a, **kw)
             finally:
-                for x, (probe, enabled, dirs) in zip(ads, now[0]):
-                    x.probe, x.enabled, x.token_dirs = probe, enabled, dirs
+                for x, (st, dirs) in zip(ads, now[0]):
+                    _set_state(x, st)
+                    x.token_dirs = dirs
                 _set_cache_state(cache, now[1])
 
         return checkpoint(run, *args, use_reentrant=False, **kwargs)
