@@ -116,6 +116,14 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "is": (("projection.masked_is", True),),
     "mr_is": (("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
     "act_mr_is": (("basis.space", "act"), ("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
+    # the same with only the calibrated top tail routed: no ambiguous rows, so the main trains knob off on every row
+    # it trains on (act_mr_is's soft band routed 76-81% of rollouts at least in part, the ambiguous ones knob on)
+    "act_mr_is_tail": (
+        ("basis.space", "act"),
+        ("projection.main_baseline", "main_rows"),
+        ("projection.masked_is", True),
+        ("projection.band", "tail"),
+    ),
 }
 
 
