@@ -173,11 +173,10 @@ def test_too_few_pairs_give_an_empty_basis_that_the_arms_refuse(holdout, tiny, t
         load_run_basis(p, get_arm("route_masked_oracle_basis"), out, None, tmp_path)
 
 
-def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
-    """An *_oracle_basis arm takes the oracle stage's basis and its held-out pairs (not the pair set's); any other arm
-    given the oracle basis, or an oracle-basis arm given the pair-set basis, stops with one line."""
+def _oracle_stage_dir(holdout, tiny, tmp_path, p):
+    """What the oracle_basis stage writes (basis, random and act safetensors, pairs.jsonl; 6 extraction and 4
+    calibration pairs) and a problems dir with the holdout split -> (pairs, extraction result, out dir, problems)."""
     m, tok = tiny
-    p = _params()
     pairs = _exploit_pairs(holdout, 6, 4)
     res = O.extract_oracle(m, tok, pairs, pairs, {q.id: q for q in holdout}, _pairset_basis(m), p)
     out = tmp_path / "oracle"
@@ -187,6 +186,14 @@ def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
     problems = tmp_path / "problems"
     problems.mkdir()
     save_problems_parquet(problems / "holdout.parquet", holdout)
+    return pairs, res, out, problems
+
+
+def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
+    """An *_oracle_basis arm takes the oracle stage's basis and its held-out pairs (not the pair set's); any other arm
+    given the oracle basis, or an oracle-basis arm given the pair-set basis, stops with one line."""
+    p = _params()
+    pairs, res, out, problems = _oracle_stage_dir(holdout, tiny, tmp_path, p)
     for name in ("route_masked_oracle_basis", "route_masked_oracle_basis_random"):
         arm = get_arm(name)
         rb = load_run_basis(p, arm, out, None, problems)  # no pair-set root needed: the pairs are beside the basis
@@ -203,17 +210,8 @@ def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
 def test_an_act_gated_random_control_gates_on_a_random_direction(holdout, tiny, tmp_path):
     """An act-gated arm's gate reads v_act; its *_random control's reads a Haar unit direction of the same size and
     layer instead (seeded, so every load agrees), so the control's gate is as random as its span."""
-    m, tok = tiny
-    pairs = _exploit_pairs(holdout, 6, 4)
     p0 = _params()
-    res = O.extract_oracle(m, tok, pairs, pairs, {q.id: q for q in holdout}, _pairset_basis(m), p0)
-    out = tmp_path / "oracle"
-    for name, b in (("basis", res["selected"]), ("random", res["random"]), ("act", res["act"])):
-        b.save(out / f"{name}.safetensors")
-    O.save_pairs(out / ORACLE_PAIRS, pairs)
-    problems = tmp_path / "problems"
-    problems.mkdir()
-    save_problems_parquet(problems / "holdout.parquet", holdout)
+    _, res, out, problems = _oracle_stage_dir(holdout, tiny, tmp_path, p0)
     real_arm, ctl_arm = get_arm("route_masked_act_oracle_basis"), get_arm("route_masked_act_oracle_basis_random")
     real = load_run_basis(real_arm.params(p0), real_arm, out, None, problems)
     ctl, again = (load_run_basis(ctl_arm.params(p0), ctl_arm, out, None, problems) for _ in range(2))
