@@ -57,6 +57,7 @@ from projected_grpo.rl.train import (
     STEP_PHASES,
     Grads,
     deploy_prompts,
+    gate_activations,
     label_auroc,
     live_gates,
     loss_backward,
@@ -1525,7 +1526,11 @@ def test_rollout_batch_size_reaches_the_sampler(world):
 def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, capsys):
     """A run with grpo.grad_checkpointing and one-row token cuts (grpo.micro_batch_tokens=1) reaches the adapters of
     the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,
-    and prints the memory pre-flight once, one paragraph on stderr."""
+    and prints the memory pre-flight once, one paragraph on stderr. The act-gated masked arms are checked in parts
+    instead (the next two tests): checkpointing alone bit for bit, and their first pass up to rounding under the same
+    cuts. Three Adam steps turn the cuts' rounding into more than this tolerance for them (measured: 1.1e-7 for
+    route_masked_act, 9.6e-7 for route_masked_act_mr_is, whose main gradient is ~2e-8 in this world, Adam's eps, so
+    rounding decides its step), with the same rewards and logs equal to 6 digits."""
     plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
     capsys.readouterr()
     ck = run(
@@ -1538,3 +1543,48 @@ def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, 
         for x, y in zip(plain[n], ck[n]):
             torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-7)
     assert any(float(x.abs().max()) > 0 for x, _ in plain.values())
+
+
+@pytest.mark.parametrize("arm", ["route_masked", "route_masked_is", "route_masked_act", "route_masked_act_mr_is"])
+def test_grad_checkpointing_alone_changes_no_number(world, tmp_path, arm):
+    """grpo.grad_checkpointing on its own recomputes each layer's forward in the backward from the same inputs, in the
+    same state (each adapter's probe, knob on/off and masked routing's per-row masks restored), so the run is the plain
+    run bit for bit: adapters and every logged column but the wall times."""
+    plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
+    ck = run(world, arm, tmp_path / "ck", p=tiny_params(share_prompt=True, grad_checkpointing=True))
+    assert same(plain, ck) and any(float(x.abs().max()) > 0 for x, _ in plain.values())
+    cols = [{k: v for k, v in log_columns(tmp_path / x).items() if k != "dt"} for x in ("plain", "ck")]
+    assert cols[0] == cols[1]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_act_gate_first_pass_under_token_cuts(world, share):
+    """Masked routing's act-gated first pass (`gate_activations`, no gradient) under one-row token cuts gives the
+    pooled residuals and log-probs of the whole-batch pass up to float rounding (padding and summation order differ),
+    deploy rows knob off included; so the gates, which are functions of the pooled rows, differ only by rounding."""
+    tok, p, arm = world["tok"], tiny_params(share_prompt=share), get_arm("route_masked_act")
+    p = arm.params(p)
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(20 + i)))
+            a.knob.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(40 + i)))
+    ro, _ = step_rollout(m, tok, world["records"][:2], p.grpo.group_size, 0, None, random.Random(0), p, 5, 0)
+    N, G = ro.completion_ids.shape[0], p.grpo.group_size
+    rb = RunBasis(world["basis"], act=world["act"], cal=world["cal"])
+    d = Direction(p, arm, rb, list(adapters(m)), share, "t")
+    assert d.act_layer is not None
+    widths = (ro.prompt_ids.shape[1] + ro.mask.sum(1).clamp(min=1)).tolist()
+    for n_on in (N, N - G):  # every row knob on; the last group a deploy group (knob off)
+        outs = []
+        for cap in (0, 1):
+            mbs = micro_batches(n_on, N, 8, widths, cap)
+            outs.append((len(mbs), gate_activations(m, ro, mbs, 0.7, d, PhaseTimer(STEP_PHASES), n_on)))
+        (n_full, full), (n_cut, cut) = outs
+        assert n_full < n_cut == N
+        assert float(full.pooled.abs().max()) > 0
+        torch.testing.assert_close(cut.pooled, full.pooled, rtol=1e-5, atol=1e-6 * float(full.pooled.abs().max()))
+        lp_full, lp_cut = (torch.cat([x.flatten() for x in g.logp]) for g in (full, cut))
+        assert lp_full.shape == lp_cut.shape
+        torch.testing.assert_close(lp_cut, lp_full, rtol=1e-5, atol=1e-5)
