@@ -124,6 +124,14 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
         ("projection.masked_is", True),
         ("projection.band", "tail"),
     ),
+    # act_mr_is then a retain heal (knob off, main only) on the clean extraction completions: act_mr_is kept the
+    # knob-on format (93-95%) but lost it deployed (59-84%)
+    "act_mr_is_heal": (
+        ("basis.space", "act"),
+        ("projection.main_baseline", "main_rows"),
+        ("projection.masked_is", True),
+        ("projection.heal_steps", 7),
+    ),
 }
 
 
