@@ -1528,9 +1528,10 @@ def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, 
     the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,
     and prints the memory pre-flight once, one paragraph on stderr. The act-gated masked arms are checked in parts
     instead (the next two tests): checkpointing alone bit for bit, and their first pass up to rounding under the same
-    cuts. Three Adam steps turn the cuts' rounding into more than this tolerance for them (measured: 1.1e-7 for
-    route_masked_act, 9.6e-7 for route_masked_act_mr_is, whose main gradient is ~2e-8 in this world, Adam's eps, so
-    rounding decides its step), with the same rewards and logs equal to 6 digits."""
+    cuts. For them, three Adam steps carry the cuts' rounding past this tolerance (measured: 1.1e-7 for
+    route_masked_act; 9.6e-7 for route_masked_act_mr_is, whose main gradient is ~2e-8 in this world, at Adam's eps, so
+    rounding decides its step), though the rewards are the same and the logs agree to 6 digits; checkpointing alone
+    changes nothing there."""
     plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
     capsys.readouterr()
     ck = run(
