@@ -132,6 +132,14 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
         ("projection.masked_is", True),
         ("projection.heal_steps", 7),
     ),
+    # act_mr_is with a quarter of each step's groups sampled and trained knob off: the main then trains on its own
+    # deployed samples (route_full with deploy_frac 0.25 kept deploy format >= 90% on 3 of 3 seeds)
+    "act_mr_is_deploy": (
+        ("basis.space", "act"),
+        ("projection.main_baseline", "main_rows"),
+        ("projection.masked_is", True),
+        ("projection.deploy_frac", 0.25),
+    ),
 }
 
 
