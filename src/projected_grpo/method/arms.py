@@ -141,6 +141,14 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
         ("projection.masked_is", True),
         ("projection.deploy_frac", 0.25),
     ),
+    # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
+    # the main's directions carry
+    "act_mr_is_q": (
+        ("basis.space", "act"),
+        ("projection.main_baseline", "main_rows"),
+        ("projection.masked_is", True),
+        ("adapter.quarantine", "separate"),
+    ),
 }
 
 
