@@ -886,6 +886,58 @@ def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     assert torch.equal(m_gate[G:], torch.zeros(G)) and torch.equal(m_gate[:G], m_all[:G]) and m_all[G:].any()
 
 
+def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(world, tmp_path):
+    """projection.deploy_gate (masked routing): the live gate reads the deploy rows as any other (without it they get
+    0); in the masked pass each deploy row runs in its masks' state, so the pass equals one where every row was
+    sampled knob on (same gradients, bitwise), and a routed deploy row's gradient reaches the knob, which it cannot
+    when the deploy rows run with the whole knob off. Arms without row masks refuse it; end to end it is deterministic
+    and changes the run."""
+    tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5, "deploy_gate": True})
+    p_off = tiny_params(projection={"deploy_frac": 0.5})
+    arm, G = get_arm("route_masked_oracle"), p.grpo.group_size
+    N = 2 * G
+    with pytest.raises(ValueError, match="deploy_gate"):
+        deploy_prompts(0.5, 2, get_arm("route_full"), gated=True)
+    assert deploy_prompts(0.5, 2, arm, gated=True) == 1 and deploy_prompts(0.5, 2, get_arm("route_full")) == 1
+    # the gate: rows G… are the deploy rows; the oracle routes hack rows with A != 0
+    d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(world["basis"].vh), True, "t")
+    rows = {
+        n: torch.randn(N, v.shape[1], generator=torch.Generator().manual_seed(i))
+        for i, (n, v) in enumerate(world["basis"].vh.items())
+    }
+    gr = Grads(raw={}, rows=rows, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=None, stats={})
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.0, 0.5])
+    hack = torch.tensor([True, False, True, False, True, True, True, False])
+    m_on, _, _ = live_gates(arm, d, gr, adv, torch.ones(N, 3), p.projection, G, hack)
+    m_off, _, _ = live_gates(arm, d, gr, adv, torch.ones(N, 3), p_off.projection, G, hack)
+    assert m_on.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    assert m_off.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    # the masked pass, with a non-zero knob
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 3, 1)
+    masked = get_arm("route_masked")
+    dm = Direction(p, masked, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
+    adv = torch.linspace(-1.0, 1.0, N)
+    mbs, timer = micro_batches(G, N, G), PhaseTimer(STEP_PHASES)
+    refs = reference_logprobs(m, ro, mbs, p, timer)
+    masks = mask_states(torch.tensor([0.0, 1.0, 0.5, 0.0, 1.0, 0.0, 0.5, 1.0]))
+
+    def grads(q, n_on):
+        return loss_backward(m, ro, refs, adv, mbs, q, masked, dm, False, timer, n_on, masks)
+
+    gated, all_on, whole_off = grads(p, G), grads(p, N), grads(p_off, G)
+    for n in dm.names:
+        assert torch.equal(gated.raw[n], all_on.raw[n]) and torch.equal(gated.knob_raw[n], all_on.knob_raw[n])
+    assert any(not torch.equal(gated.knob_raw[n], whole_off.knob_raw[n]) for n in dm.names)
+    a = run(world, "route_masked_oracle", tmp_path / "a", p=p)
+    assert same(a, run(world, "route_masked_oracle", tmp_path / "b", p=p))
+    assert not same(a, run(world, "route_masked_oracle", tmp_path / "c", p=p_off))
+
+
 @pytest.mark.parametrize("arm", ORACLE_GATED)
 def test_oracle_gate_routes_exactly_the_hack_rows_and_reads_the_labels(world, tmp_path, arm):
     """An oracle arm (issue 25's upper bound) routes a rollout iff the grader labels it hack and its advantage is

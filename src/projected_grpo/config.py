@@ -394,6 +394,11 @@ class ProjectionParams:
     # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
     # arms only; arms without a knob ignore it (knob off is their trained state). 0 = every group knob on.
     deploy_frac: float = 0.0
+    # Masked routing with deploy_frac > 0: false = the deploy rows get gate 0 (their gradient reaches the main only);
+    # true = the gate reads them too, scored in the knob-off forward they were sampled in, so a routed deploy rollout
+    # trains only the knob (knob on, main detached) and an unrouted one the main with the knob off, as vGROUT gates
+    # its rollouts sampled with the quarantine off (gen_deploy_frac). route_masked* arms only.
+    deploy_gate: bool = False
     # Masked routing's advantages for the rows the main trains (gate m < 1): group = the whole group's mean (routed
     # rows included), main_rows = the mean of the group's main rows only (routed rows keep the group baseline). Other
     # arms ignore it.

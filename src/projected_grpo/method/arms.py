@@ -141,6 +141,15 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
         ("projection.masked_is", True),
         ("projection.deploy_frac", 0.25),
     ),
+    # act_mr_is_deploy with the deploy rows gated too (projection.deploy_gate): a deploy rollout the gate routes trains
+    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts
+    "act_mr_is_deploy_gate": (
+        ("basis.space", "act"),
+        ("projection.main_baseline", "main_rows"),
+        ("projection.masked_is", True),
+        ("projection.deploy_frac", 0.25),
+        ("projection.deploy_gate", True),
+    ),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
     # the main's directions carry
     "act_mr_is_q": (

@@ -11,7 +11,8 @@ the loop carries from step to step is checkpointed with the optimizer, so a resu
 Training in the deployed state (projection.deploy_frac, gated routing arms): the last few prompts of a step have their
 groups sampled and trained with the knob off, and their gate is 0, so their gradient reaches the main only and the
 main learns to work without the knob it will be deployed without (routing.md §2: ERA, SGTM, the jnward runs and
-vGROUT each train the kept part in the deleted state).
+vGROUT each train the kept part in the deleted state). With projection.deploy_gate (masked routing) the gate reads
+them too, so a deploy rollout it routes trains the knob instead of teaching the main.
 
 Per-step diagnostics (pure reads, after the update) include ‖Vh δS‖ and ‖Vh δS_h‖, the mean gate, the thresholds, the
 calibration interval, and `gate_auroc_live`: the live gate score's AUROC between the step's own hack and non-hack
@@ -129,13 +130,19 @@ def mixed_rollout(
 DEPLOY_SEED = 1 << 32  # added to a step's sampling seed for its deploy groups: distinct from every knob-on seed
 
 
-def deploy_prompts(frac: float, B: int, arm: Arm) -> int:
+def deploy_prompts(frac: float, B: int, arm: Arm, gated: bool = False) -> int:
     """Prompts per step whose groups are sampled and trained in the deployed state, knob off (projection.deploy_frac):
     round(frac·B) for gated routing arms, 0 for arms without a knob (knob off is their trained state already). A
     deploy rollout's gradient must stay out of the knob row by row, which a gate does (m_n = 0) and a batch rule,
-    acting on the summed gradient, cannot: route_batch* refuse it."""
+    acting on the summed gradient, cannot: route_batch* refuse it. gated (projection.deploy_gate): the gate reads the
+    deploy rows too, which only masked routing can train in their own states."""
     if frac == 0 or not arm.routes:
         return 0
+    if gated and not arm.masked:
+        raise ValueError(
+            f"projection.deploy_gate routes deploy rollouts by their own forward state, which only route_masked* arms "
+            f"have; {arm.name} is not one: use a route_masked* arm or deploy_gate false"
+        )
     if arm.gate is None:
         raise ValueError(
             f"projection.deploy_frac > 0 keeps deploy rollouts out of the knob row by row, but {arm.name} routes the "
@@ -327,9 +334,10 @@ def loss_backward(
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
-    were sampled. Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t},
-    <g_{n,t}, ν> and ‖g_{n,t}‖² (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the
-    residual stream after block act_layer from this same forward (a hook). policy_runs: the policy forward shares
+    were sampled (in the masked pass with projection.deploy_gate, in their masks' states: knob off unless routed).
+    Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t}, <g_{n,t}, ν> and ‖g_{n,t}‖²
+    (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the residual stream after block
+    act_layer from this same forward (a hook). policy_runs: the policy forward shares
     each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing). masks: (N,) main
     and knob row masks (`adapter.row_masks`, masked routing): each row runs in its own state, and δS_h.grad is kept
     apart from δS.grad. old: per micro-batch old_logp (the sampling state's log-probs, projection.masked_is); None:
@@ -351,7 +359,9 @@ def loss_backward(
         pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
         runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
         probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
-        state = knob_disabled(model) if sl.start >= n_on else nullcontext()  # micro_batches: one state per slice
+        # micro_batches: one state per slice; gated deploy rows (projection.deploy_gate) run in their masks' states
+        knob_off = sl.start >= n_on and not (masks is not None and p.projection.deploy_gate)
+        state = knob_disabled(model) if knob_off else nullcontext()
         ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
         rows_in = row_masks(model, masks[0][sl], masks[1][sl]) if masks is not None else nullcontext()
         prompt_state, shared = None, runs if policy_runs else None
@@ -464,7 +474,8 @@ def live_gates(
     the label diagnostic after the update), from the step's gradients and the held-out thresholds only (no-cheat).
     An oracle arm's per-rollout gate is instead `hack` ((N,) bool, the grader's label: an upper bound that reads
     ground truth on purpose); its live scores are still the calibrated gate's, for the diagnostic. Rows from n_on on
-    (deploy groups, knob off) get gate 0: their gradient reaches the main only."""
+    (deploy groups, knob off) get gate 0, so their gradient reaches the main only, unless projection.deploy_gate: then
+    they are gated as the others, on their scores in the knob-off state they were sampled in."""
     m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
@@ -482,7 +493,8 @@ def live_gates(
             nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
             live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
         m_tok = proj.token_gate(live, adv, mask, tau[0], tau[1], pj.band)
-    m_gate[n_on:], m_tok[n_on:] = 0, 0
+    if not pj.deploy_gate:
+        m_gate[n_on:], m_tok[n_on:] = 0, 0
     return m_gate, m_tok, live
 
 
@@ -691,7 +703,7 @@ def train(
     G, B, rb = g.group_size, g.prompts_per_step, rb or RunBasis()
     N = G * B
     check_run_basis(p, arm, rb)
-    n_dep = deploy_prompts(pj.deploy_frac, B, arm)  # prompts per step sampled and trained knob off
+    n_dep = deploy_prompts(pj.deploy_frac, B, arm, pj.deploy_gate)  # prompts per step sampled knob off
     n_on = N - n_dep * G  # rows 0…n_on are knob on, the rest the deploy groups
     check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
     # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
