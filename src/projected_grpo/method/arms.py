@@ -134,7 +134,9 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
         ("projection.heal_steps", 7),
     ),
     # act_mr_is with a quarter of each step's groups sampled and trained knob off: the main then trains on its own
-    # deployed samples (route_full with deploy_frac 0.25 kept deploy format >= 90% on 3 of 3 seeds)
+    # deployed samples (route_full with deploy_frac 0.25 kept deploy format >= 90% on 3 of 3 seeds); measured, 3 seeds:
+    # deploy format 89.9 / 95.4 / 91.2 (act_mr_is: 83.6 / 81.1 / 59.2) but a hack cut of 13.4 points, not 41.8: the
+    # ungated deploy rows hack at 38-48% over steps 101-200 and teach the main; fails the win rule's (b) and (c)
     "act_mr_is_deploy": (
         ("basis.space", "act"),
         ("projection.main_baseline", "main_rows"),
