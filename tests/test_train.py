@@ -849,6 +849,16 @@ def test_deploy_groups_how_many_and_micro_batches():
     assert all(sl.stop <= 8 or sl.start >= 8 for sl in mbs)
 
 
+def knobbed_model(tok):
+    """A tiny model with adapters whose knob is non-zero (seeded), so the knob-on and knob-off states differ."""
+    m = tiny_model(len(tok))
+    attach_adapters(m, "all", 4)
+    with torch.no_grad():
+        for i, a in enumerate(adapters(m).values()):
+            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    return m
+
+
 def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     """With a non-zero knob: the deploy group is exactly what the policy samples with the knob off (its own seed), the
     knob-on group what it samples with the knob on, and the knob is restored afterwards; in the loss backward the
@@ -856,11 +866,7 @@ def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     really changes them), and the live gate is 0 on every deploy row, so their gradient reaches the main only."""
     tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5})
     arm, G, seed = get_arm("route_full"), p.grpo.group_size, 7
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    m = knobbed_model(tok)
     knob0 = {n: a.knob.detach().clone() for n, a in adapters(m).items()}
     recs = world["records"][:2]
     ro, is_student = step_rollout(m, tok, recs, G, 0, None, random.Random(0), p, seed, 1)
@@ -886,6 +892,17 @@ def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     assert torch.equal(m_gate[G:], torch.zeros(G)) and torch.equal(m_gate[:G], m_all[:G]) and m_all[G:].any()
 
 
+def random_row_grads(world, p: Params, spec, N: int) -> tuple[Direction, Grads]:
+    """A Direction on the fixture's basis and Grads with seeded random per-row gradients (N rows): what live_gates
+    reads of a step, for gate tests that do not run a model."""
+    d = Direction(p, spec, RunBasis(world["basis"], cal=world["cal"]), list(world["basis"].vh), True, "t")
+    rows = {
+        n: torch.randn(N, v.shape[1], generator=torch.Generator().manual_seed(i))
+        for i, (n, v) in enumerate(world["basis"].vh.items())
+    }
+    return d, Grads(raw={}, rows=rows, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=None, stats={})
+
+
 def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(world, tmp_path):
     """projection.deploy_gate (masked routing): the live gate reads the deploy rows as any other (without it they get
     0); in the masked pass each deploy row runs in its masks' state, so the pass equals one where every row was
@@ -900,12 +917,7 @@ def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(worl
         deploy_prompts(0.5, 2, get_arm("route_full"), gated=True)
     assert deploy_prompts(0.5, 2, arm, gated=True) == 1 and deploy_prompts(0.5, 2, get_arm("route_full")) == 1
     # the gate: rows G… are the deploy rows; the oracle routes hack rows with A != 0
-    d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(world["basis"].vh), True, "t")
-    rows = {
-        n: torch.randn(N, v.shape[1], generator=torch.Generator().manual_seed(i))
-        for i, (n, v) in enumerate(world["basis"].vh.items())
-    }
-    gr = Grads(raw={}, rows=rows, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=None, stats={})
+    d, gr = random_row_grads(world, p, arm, N)
     adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.0, 0.5])
     hack = torch.tensor([True, False, True, False, True, True, True, False])
     m_on, _, _ = live_gates(arm, d, gr, adv, torch.ones(N, 3), p.projection, G, hack)
@@ -913,11 +925,7 @@ def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(worl
     assert m_on.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     assert m_off.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     # the masked pass, with a non-zero knob
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    m = knobbed_model(tok)
     ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 3, 1)
     masked = get_arm("route_masked")
     dm = Direction(p, masked, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
@@ -947,12 +955,7 @@ def test_oracle_gate_routes_exactly_the_hack_rows_and_reads_the_labels(world, tm
     spec = get_arm(arm)
     assert spec.role == "oracle" and spec.gate == "rollout"
     G, N = 4, 8
-    d = Direction(tiny_params(), spec, RunBasis(world["basis"], cal=world["cal"]), list(world["basis"].vh), True, "t")
-    rows = {
-        n: torch.randn(N, v.shape[1], generator=torch.Generator().manual_seed(i))
-        for i, (n, v) in enumerate(world["basis"].vh.items())
-    }
-    gr = Grads(raw={}, rows=rows, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=None, stats={})
+    d, gr = random_row_grads(world, tiny_params(), spec, N)
     adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.5, 0.5])
     hack = torch.tensor([True, True, True, False, False, True, True, False])
     m, _, _ = live_gates(spec, d, gr, adv, torch.ones(N, 3), tiny_params().projection, G, hack)
@@ -970,11 +973,7 @@ def test_masked_loss_trains_the_main_knob_off_and_the_knob_on_routed_rows(world)
     the m < 1 rows' gradients in their own states, δS_h.grad that of the m > 0 rows')."""
     tok, p = world["tok"], tiny_params()
     arm, G = get_arm("route_masked"), p.grpo.group_size
-    m = tiny_model(len(tok))
-    attach_adapters(m, "all", 4)
-    with torch.no_grad():
-        for i, a in enumerate(adapters(m).values()):
-            a.knob.copy_(0.5 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
+    m = knobbed_model(tok)
     ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 3, 0)
     N = 2 * G
     d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
