@@ -104,62 +104,41 @@ ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 # (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's);
 # heal: a retain heal after the last step (rl/heal.py); is: the unrouted rows' importance correction (they are sampled
 # knob on and trained knob off).
+_TAIL, _MR = ("projection.band", "tail"), ("projection.main_baseline", "main_rows")
+_Q, _IS = ("adapter.quarantine", "separate"), ("projection.masked_is", True)
+_DEPLOY, _ACT = ("projection.deploy_frac", 0.25), ("basis.space", "act")
+_HEAL = ("projection.heal_steps", 7)  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
+_ACT_MR_IS = (_ACT, _MR, _IS)
 MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
-    "tail": (("projection.band", "tail"),),
-    "mr": (("projection.main_baseline", "main_rows"),),
-    "q": (("adapter.quarantine", "separate"),),
-    "deploy": (("projection.deploy_frac", 0.25),),
-    "mr_q": (("projection.main_baseline", "main_rows"), ("adapter.quarantine", "separate")),
-    "act": (("basis.space", "act"),),
-    "act_mr": (("basis.space", "act"), ("projection.main_baseline", "main_rows")),
-    "heal": (("projection.heal_steps", 7),),  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
-    "is": (("projection.masked_is", True),),
-    "mr_is": (("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
-    "act_mr_is": (("basis.space", "act"), ("projection.main_baseline", "main_rows"), ("projection.masked_is", True)),
+    "tail": (_TAIL,),
+    "mr": (_MR,),
+    "q": (_Q,),
+    "deploy": (_DEPLOY,),
+    "mr_q": (_MR, _Q),
+    "act": (_ACT,),
+    "act_mr": (_ACT, _MR),
+    "heal": (_HEAL,),
+    "is": (_IS,),
+    "mr_is": (_MR, _IS),
+    "act_mr_is": _ACT_MR_IS,
     # the same with only the calibrated top tail routed: no ambiguous rows, so the main trains knob off on every row
     # it trains on (act_mr_is's soft band routed 76-81% of rollouts at least in part, the ambiguous ones knob on)
-    "act_mr_is_tail": (
-        ("basis.space", "act"),
-        ("projection.main_baseline", "main_rows"),
-        ("projection.masked_is", True),
-        ("projection.band", "tail"),
-    ),
+    "act_mr_is_tail": (*_ACT_MR_IS, _TAIL),
     # act_mr_is then a retain heal (knob off, main only) on the clean extraction completions: act_mr_is kept the
     # knob-on format (93-95%) but lost it deployed (59-84%); measured, 3 seeds: the heal moved deploy format by +2.1,
     # -2.5 and +6.3 points, within sampling noise, and failed the win rule's (b) and (c) as act_mr_is does
-    "act_mr_is_heal": (
-        ("basis.space", "act"),
-        ("projection.main_baseline", "main_rows"),
-        ("projection.masked_is", True),
-        ("projection.heal_steps", 7),
-    ),
+    "act_mr_is_heal": (*_ACT_MR_IS, _HEAL),
     # act_mr_is with a quarter of each step's groups sampled and trained knob off: the main then trains on its own
     # deployed samples (route_full with deploy_frac 0.25 kept deploy format >= 90% on 3 of 3 seeds); measured, 3 seeds:
     # deploy format 89.9 / 95.4 / 91.2 (act_mr_is: 83.6 / 81.1 / 59.2) but a hack cut of 13.4 points, not 41.8: the
     # ungated deploy rows hack at 38-48% over steps 101-200 and teach the main; fails the win rule's (b) and (c)
-    "act_mr_is_deploy": (
-        ("basis.space", "act"),
-        ("projection.main_baseline", "main_rows"),
-        ("projection.masked_is", True),
-        ("projection.deploy_frac", 0.25),
-    ),
+    "act_mr_is_deploy": (*_ACT_MR_IS, _DEPLOY),
     # act_mr_is_deploy with the deploy rows gated too (projection.deploy_gate): a deploy rollout the gate routes trains
     # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts
-    "act_mr_is_deploy_gate": (
-        ("basis.space", "act"),
-        ("projection.main_baseline", "main_rows"),
-        ("projection.masked_is", True),
-        ("projection.deploy_frac", 0.25),
-        ("projection.deploy_gate", True),
-    ),
+    "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True)),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
     # the main's directions carry
-    "act_mr_is_q": (
-        ("basis.space", "act"),
-        ("projection.main_baseline", "main_rows"),
-        ("projection.masked_is", True),
-        ("adapter.quarantine", "separate"),
-    ),
+    "act_mr_is_q": (*_ACT_MR_IS, _Q),
 }
 
 
