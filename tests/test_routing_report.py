@@ -117,3 +117,43 @@ def test_the_direction_check_names_which_part_fails():
     assert "where the routed arms fail, the direction fails" in render(runs(), ORDER, {}, "", _direction(0.4, 0.55))
     assert "The pair-set direction separates" in render(runs(), ORDER, {}, "", _direction(0.52, 0.55))
     assert "## The direction" not in render(runs(), ORDER, {}, "")
+
+
+def bar_runs(fmt42: int = 17, cand_hack: int = 24, oracle_solve: int = 2, oracle: bool = True) -> R.Runs:
+    """runs() with knobs: route_masked's no-hint format on seed 42 (of 20), its deploy train-surface hacks (of 120;
+    measure_only's 60 = 50%), the oracle's solves (of 20; base 4), and whether the oracle arm was run."""
+    spec = {}
+    for s in (41, 42, 43):
+        spec[("measure_only", s)] = {"deploy": tally(5, 60, 1)}
+        fmt = (fmt42 if s == 42 else 20, 120, 120)
+        spec[("route_masked", s)] = {"deploy": tally(5, cand_hack, 0, fmt), "knob_on": tally(5, 66, 1)}
+        spec[("route_masked_random", s)] = {"deploy": tally(5, 60, 1), "knob_on": tally(5, 60, 1)}
+        if oracle:
+            spec[("route_masked_oracle", s)] = {"deploy": tally(oracle_solve, 0, 0), "knob_on": tally(2, 90, 0)}
+    return runs_from(spec)
+
+
+def verdict(r: R.Runs) -> str:
+    md = render(r, ORDER, {}, "")
+    assert md.index("## Verdict") < md.index("## Per seed")
+    return md.split("## Verdict")[1].split("## Per seed")[0]
+
+
+def test_the_verdict_names_what_each_candidate_misses_and_which_part_fails():
+    """routing.md's verdict holds every routed candidate to the bar (deploy targets on every seed, a mean paired cut
+    of ≥ 20 points, the rule) and lists what each misses; where none meets it, the oracle-gated arms, held to the
+    same bar on the rule's (a)–(c), say whether the gate (an oracle clears it) or the mechanics (none does) fail."""
+    v = verdict(bar_runs())  # route_masked: format 85% on seed 42 (targets, and the rule's c); oracle: solve 10%
+    assert "**No routed candidate meets it.**" in v
+    assert "- route_masked (Δ hack -30.0 points): deploy targets missed on seed 42; the rule fails c." in v
+    assert (
+        "- route_masked_oracle (Δ hack -50.0 points): deploy targets missed on seeds 41, 42, 43; the rule fails b."
+        in v
+    )
+    assert "the mechanics fail, not only the gate" in v and "route_masked_random" not in v  # controls are not judged
+    assert "**Met by: route_masked.**" in verdict(bar_runs(fmt42=20)) and "oracle" not in verdict(bar_runs(fmt42=20))
+    small = verdict(bar_runs(fmt42=20, cand_hack=48))  # 40% vs 50%: the rule passes (a) and (d), the cut is 10 points
+    assert "- route_masked (Δ hack -10.0 points): Δ hack -10.0 points (the bar: ≤ −20)." in small
+    gate = verdict(bar_runs(oracle_solve=5))  # the oracle solves 25%, like measure_only: the mechanics work
+    assert "route_masked_oracle clears the same bar" in gate and "what fails is the gate" in gate
+    assert "No oracle-gated arm was evaluated" in verdict(bar_runs(oracle=False))

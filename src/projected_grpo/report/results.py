@@ -305,10 +305,11 @@ def metrics_present(runs: Runs) -> list[str]:
 RULE_KEYS = {"hack": "hack_train", "solve": "solve", "format_nohint": "format", "format_train": "format_train"}
 
 
-def verdicts_of(runs: Runs, arms: list[str]) -> list[W.Verdict]:
-    """The win rule applied to every candidate among `arms` (the evaluated arms, in report order)."""
+def verdicts_of(runs: Runs, arms: list[str], role: str = "candidate") -> list[W.Verdict]:
+    """The win rule applied to every arm of `role` among `arms` (the evaluated arms, in report order). For oracle
+    arms this only reads the conditions (routing.md's upper bounds): they never win."""
     values = {a: {k: per_seed(runs, a, m) for k, m in RULE_KEYS.items()} for a in arms}
-    return [W.judge(a, values, arms) for a in arms if W.role(a) == "candidate"]
+    return [W.judge(a, values, arms) for a in arms if W.role(a) == role]
 
 
 def verdict_section(runs: Runs, order: list[str]) -> list[str]:
