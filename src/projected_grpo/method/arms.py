@@ -134,7 +134,9 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # ungated deploy rows hack at 38-48% over steps 101-200 and teach the main; fails the win rule's (b) and (c)
     "act_mr_is_deploy": (*_ACT_MR_IS, _DEPLOY),
     # act_mr_is_deploy with the deploy rows gated too (projection.deploy_gate): a deploy rollout the gate routes trains
-    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts
+    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts. The default routed
+    # arm (params.yaml); measured, 3 seeds: deploy hack cut 31.5 points [26.4, 36.6] (-13.7 vs its control), deploy
+    # format 89.9 / 90.8 / 88.2 and solve 26.9 / 28.2 / 23.9; fails the win rule's (b) (lower bound -5.9), (c) (-5.7)
     "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True)),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
     # the main's directions carry
