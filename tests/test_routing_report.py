@@ -153,7 +153,10 @@ def test_the_verdict_names_what_each_candidate_misses_and_which_part_fails():
     assert "the mechanics fail, not only the gate" in v and "route_masked_random" not in v  # controls are not judged
     assert "**Met by: route_masked.**" in verdict(bar_runs(fmt42=20)) and "oracle" not in verdict(bar_runs(fmt42=20))
     small = verdict(bar_runs(fmt42=20, cand_hack=48))  # 40% vs 50%: the rule passes (a) and (d), the cut is 10 points
-    assert "- route_masked (Δ hack -10.0 points): Δ hack -10.0 points (the bar: ≤ −20)." in small
+    assert "- route_masked (Δ hack -10.0 points): a cut under 20 points." in small
+    r = bar_runs()
+    r.deploy = {k: v for k, v in r.deploy.items() if k[0] != "measure_only"}
+    assert "Not judged: measure_only, the matched baseline, was not evaluated." in verdict(r)
     gate = verdict(bar_runs(oracle_solve=5))  # the oracle solves 25%, like measure_only: the mechanics work
     assert "route_masked_oracle clears the same bar" in gate and "what fails is the gate" in gate
     assert "No oracle-gated arm was evaluated" in verdict(bar_runs(oracle=False))

@@ -58,7 +58,7 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
         c = hack_cut(runs, a)
         failed = [x for x in v.failed if x in conds]
         out = [] if ok else [f"deploy targets missed on seed{'s' * (len(miss) > 1)} {', '.join(map(str, miss))}"]
-        out += [] if c <= -MIN_CUT else [f"Δ hack {pct(c)} points (the bar: ≤ −{100 * MIN_CUT:.0f})"]
+        out += [] if c <= -MIN_CUT else [f"a cut under {100 * MIN_CUT:.0f} points"]
         return out + ([f"the rule fails {', '.join(failed)}"] if failed else [])
 
     def item(a: str, why: list[str]) -> str:
