@@ -73,11 +73,12 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
     L = ["## Verdict", "", bar, ""]
     if W.MATCHED not in arms:
         return L + [f"Not judged: {W.MATCHED}, the matched baseline, was not evaluated.", ""]
-    met = [a for a, v in cands.items() if not misses(a, v, "abcd")]
+    why = {a: misses(a, v, "abcd") for a, v in cands.items()}
+    met = [a for a, w in why.items() if not w]
     if met:
         return L + [f"**Met by: {', '.join(met)}.**", ""]
     L += ["**No routed candidate meets it.**" if cands else "**No routed candidate was evaluated.**", ""]
-    L += [item(a, misses(a, v, "abcd")) for a, v in cands.items()] + ([""] if cands else [])
+    L += [item(a, w) for a, w in why.items()] + ([""] if cands else [])
     oracles = {v.arm: v for v in R.verdicts_of(runs, arms, "oracle") if v.arm in routed and ARMS[v.arm].oracle_gate}
     if not oracles:
         return L + [
@@ -85,7 +86,8 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
             "one, e.g. route_masked_mr_is_oracle, to `arms`).",
             "",
         ]
-    works = [a for a, v in oracles.items() if not misses(a, v, "abc")]
+    why_o = {a: misses(a, v, "abc") for a, v in oracles.items()}
+    works = [a for a, w in why_o.items() if not w]
     if works:
         return L + [
             f"With a perfect gate (the grader's labels) {', '.join(works)} clears the same bar (the rule's (a)–(c)): "
@@ -97,7 +99,7 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
         "control and never wins):",
         "",
     ]
-    L += [item(a, misses(a, v, "abc")) for a, v in oracles.items()]
+    L += [item(a, w) for a, w in why_o.items()]
     return L + [
         "",
         "Even with a perfect gate the routing mechanics do not keep the deployed model at the bar: the mechanics "
