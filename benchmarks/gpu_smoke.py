@@ -19,6 +19,7 @@ Two parts, each recorded even when the other fails:
 
 from __future__ import annotations
 
+import gc
 import json
 import platform
 import sys
@@ -135,22 +136,33 @@ def part_shape(
     from projected_grpo.policy.adapter import attach_adapters
     from projected_grpo.rl.train import train
 
-    p0 = shape_params(runs[0], device)
     out = {"layers": layers, "small": small, "runs": {}}
-    t0 = time.perf_counter()
-    model, tok = shape_model(device, layers, small)
-    sync()
-    out["build_s"] = round(time.perf_counter() - t0, 1)
-    out["n_params"] = sum(x.numel() for x in model.parameters())
-    t0 = time.perf_counter()
-    attach_adapters(model, p0.adapter.targets, p0.adapter.rank, p0.adapter.kind)
-    sync()
-    out["svd_attach_s"] = round(time.perf_counter() - t0, 1)
-    out["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
     problems = tiny_root / "artifacts/problems"
     records = load_problems_parquet(problems / "train.parquet")
     basis_dir = work / "shape_basis"
-    random_basis(model, p0.basis.k, basis_dir, p0.basis.act_layer)
+    model, attached = None, None
+
+    def build(p0):  # the model with the adapter p0 asks for (a separate quarantine needs W's next r too)
+        nonlocal model, attached
+        model = None
+        gc.collect()  # the adapters' hooks make reference cycles: without a collection the old model stays on the GPU
+        if cuda:
+            torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        model, tok = shape_model(device, layers, small)
+        sync()
+        out["build_s"] = round(time.perf_counter() - t0, 1)
+        out["n_params"] = sum(x.numel() for x in model.parameters())
+        t0 = time.perf_counter()
+        separate = p0.adapter.quarantine == "separate"
+        attach_adapters(model, p0.adapter.targets, p0.adapter.rank, p0.adapter.kind, separate=separate)
+        sync()
+        out["svd_attach_s" + ("_separate" if separate else "")] = round(time.perf_counter() - t0, 1)
+        out["weights_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2) if cuda else None
+        random_basis(model, p0.basis.k, basis_dir, p0.basis.act_layer)
+        attached = p0.adapter.quarantine
+        return tok
+
     import projected_grpo.rl.train as loop
 
     seen = {}
@@ -162,7 +174,10 @@ def part_shape(
 
     loop.preflight = spy
     for i, r in enumerate(runs):
-        p, arm, res = shape_params(r, device), get_arm(r["arm"]), {"run": r}
+        arm, res = get_arm(r["arm"]), {"run": r}
+        p = arm.params(shape_params(r, device))  # the arm's overrides (a masked variant's gate, quarantine, …)
+        if p.adapter.quarantine != attached:
+            tok = build(p)
         g = p.grpo
         label = (
             f"{r['arm']} {r['prompts']}x{r['group']}x{r['new_tokens']}, micro-batch {g.micro_batch} rows / "

@@ -274,6 +274,19 @@ def same(a, b) -> bool:
     return all(torch.equal(a[n][0], b[n][0]) and torch.equal(a[n][1], b[n][1]) for n in a)
 
 
+def test_a_variant_arm_refuses_params_without_its_overrides(tmp_path):
+    """A variant arm is only its overrides: train() given params.yaml's params without them (as gpu_smoke once called
+    it, which ran route_masked's gradient gate under route_masked_act_mr_is's name) stops before writing anything;
+    with them it gets past the check."""
+    a, p = get_arm("route_masked_act_mr_is_deploy_gate_q"), tiny_params()
+    with pytest.raises(ValueError, match=r"lack arm route_masked_act_mr_is_deploy_gate_q's overrides .*arm\.params"):
+        train(p, a, 41, None, None, [], None, tmp_path / "ckpt", tmp_path / "log.tsv")
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(Exception) as err:  # the next check needs a model: the override check passed
+        train(a.params(p), a, 41, None, None, [], None, tmp_path / "ckpt", tmp_path / "log.tsv")
+    assert "overrides" not in str(err.value)
+
+
 def test_same_seed_twice_bitwise_equal_and_moves(world, tmp_path):
     a = run(world, "vanilla", tmp_path / "a")
     b = run(world, "vanilla", tmp_path / "b")

@@ -142,6 +142,8 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # the main's directions carry; measured, 3 seeds: deploy format 92.9 / 92.0 / 90.8 and solve 33.6 / 29.4 / 31.1
     # (the deploy targets on every seed), hack cut 22.3 points [15.8, 28.9] (-18.2 vs its control); fails (b), (c)
     "act_mr_is_q": (*_ACT_MR_IS, _Q),
+    # both: the deploy rows gated (deploy_gate's larger cut) and the knob on its own directions (q's deployed format)
+    "act_mr_is_deploy_gate_q": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True), _Q),
 }
 
 

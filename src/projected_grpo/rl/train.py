@@ -699,6 +699,8 @@ def train(
     time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`). Returns {"steps"} plus, for gated
     arms, the gate guard's verdict. rb: what the arm reads about v_hack (direction.load_run_basis); grade_fn(records,
     completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader)."""
+    if arm.params(p) != p:  # a variant arm is only its overrides: without them this would run another arm
+        raise ValueError(f"train: params lack arm {arm.name}'s overrides {arm.overrides}; pass arm.params(p)")
     g, r, pj = p.grpo, p.rollout, p.projection
     G, B, rb = g.group_size, g.prompts_per_step, rb or RunBasis()
     N = G * B
