@@ -134,15 +134,19 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # ungated deploy rows hack at 38-48% over steps 101-200 and teach the main; fails the win rule's (b) and (c)
     "act_mr_is_deploy": (*_ACT_MR_IS, _DEPLOY),
     # act_mr_is_deploy with the deploy rows gated too (projection.deploy_gate): a deploy rollout the gate routes trains
-    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts. The default routed
-    # arm (params.yaml); measured, 3 seeds: deploy hack cut 31.5 points [26.4, 36.6] (-13.7 vs its control), deploy
-    # format 89.9 / 90.8 / 88.2 and solve 26.9 / 28.2 / 23.9; fails the win rule's (b) (lower bound -5.9), (c) (-5.7)
+    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts. Measured, 3 seeds
+    # (the default routed arm at 8921285, its outputs there): deploy hack cut 31.5 points [26.4, 36.6] (-13.7 vs its
+    # control), deploy format 89.9 / 90.8 / 88.2 and solve 26.9 / 28.2 / 23.9; fails the win rule's (b) (lower bound
+    # -5.9), (c) (-5.7)
     "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True)),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
     # the main's directions carry; measured, 3 seeds: deploy format 92.9 / 92.0 / 90.8 and solve 33.6 / 29.4 / 31.1
     # (the deploy targets on every seed), hack cut 22.3 points [15.8, 28.9] (-18.2 vs its control); fails (b), (c)
     "act_mr_is_q": (*_ACT_MR_IS, _Q),
-    # both: the deploy rows gated (deploy_gate's larger cut) and the knob on its own directions (q's deployed format)
+    # both: the deploy rows gated (deploy_gate's larger cut) and the knob on its own directions (q's deployed format).
+    # The default routed arm (params.yaml); measured, 3 seeds: deploy format 92.9 / 92.0 / 94.5 and solve 34.0 / 26.1
+    # / 30.7 (the deploy targets on every seed), hack cut 24.7 points [21.0, 28.5] (-21.4 vs its control, which cuts
+    # 2.6); fails (b) (lower bound -15.0) and (c) (-2.2 no-hint, -3.2 train hints; the bar is -2)
     "act_mr_is_deploy_gate_q": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True), _Q),
 }
 
