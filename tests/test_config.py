@@ -81,6 +81,7 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("grpo", "warmup_steps", -1, "grpo.warmup_steps"),
         ("grpo", "micro_batch_tokens", -1, "grpo.micro_batch_tokens"),
         ("rollout", "batch_size", 0, "rollout.batch_size"),
+        ("projection", "masked_is_cap", 4.0, "masked_is_cap caps masked_is's ratio: needs masked_is: true"),
     ],
 )
 def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
@@ -91,6 +92,15 @@ def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
         node["train_from_test"] = True
     with pytest.raises(ValueError, match=msg):
         from_dict(Params, d)
+
+
+def test_masked_is_cap_needs_a_cap_above_one(raw):
+    d = copy.deepcopy(raw)
+    d["projection"] |= {"masked_is": True, "masked_is_cap": 1.0}
+    with pytest.raises(ValueError, match="a value > 1, got masked_is: true, masked_is_cap: 1.0"):
+        from_dict(Params, d)
+    d["projection"]["masked_is_cap"] = 4
+    assert from_dict(Params, d).projection.masked_is_cap == 4
 
 
 def test_difficulty_accepts_level_names_and_ints(raw):

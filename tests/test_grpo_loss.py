@@ -51,7 +51,7 @@ def test_trl_version_pinned(trl):
     )
 
 
-def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=False, loss_type="dr_grpo"):
+def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=False, loss_type="dr_grpo", delta=None):
     """A GRPOTrainer with only the state `_compute_loss` reads, configured through a real GRPOConfig (one generation
     batch per optimizer step: steps_per_generation = gradient_accumulation_steps = ga, TRL's default)."""
     from accelerate import Accelerator
@@ -70,6 +70,7 @@ def make_trl_trainer(l_max, clip_lo, clip_hi, beta, ga=1, bias_correction_kl=Fal
             max_completion_length=l_max,
             # trl 1.16 defaults to True (KL * rho, which changes the KL gradient); method.md §3.7 has no rho on the KL
             use_bias_correction_kl=bias_correction_kl,
+            delta=delta,  # two-sided clipping (our ratio_cap)
             report_to="none",
             use_cpu=True,
             bf16=False,
@@ -251,11 +252,35 @@ CLIP_LO, CLIP_HI, BETA = 0.2, 0.28, 0.05
 
 
 def ours_loss_and_grad(
-    logp, old_logp, ref_logp, adv, mask, l_max, beta=BETA, n_rows=None, loss_type="dr_grpo", n_tokens=None, kl_is=False
+    logp,
+    old_logp,
+    ref_logp,
+    adv,
+    mask,
+    l_max,
+    beta=BETA,
+    n_rows=None,
+    loss_type="dr_grpo",
+    n_tokens=None,
+    kl_is=False,
+    ratio_cap=None,
 ):
     leaf = logp.clone().requires_grad_(True)
     loss, metrics = grpo_loss(
-        leaf, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta, l_max, n_rows, loss_type, n_tokens, kl_is=kl_is
+        leaf,
+        old_logp,
+        ref_logp,
+        adv,
+        mask,
+        CLIP_LO,
+        CLIP_HI,
+        beta,
+        l_max,
+        n_rows,
+        loss_type,
+        n_tokens,
+        kl_is=kl_is,
+        ratio_cap=ratio_cap,
     )
     loss.backward()
     return loss.detach(), leaf.grad, metrics
@@ -407,6 +432,57 @@ def test_kl_is_weights_k3_by_the_detached_ratio_and_stays_bounded_off_policy():
     _, g_is, k_is = ours_loss_and_grad(far, near, near, one, m2, l_max, kl_is=True)
     _, g_plain, k_plain = ours_loss_and_grad(far, near, near, one, m2, l_max)
     assert k_plain["kl"] > 1e11 and k_is["kl"] < 1.0 and float(g_is.abs().max()) < 1.0 < float(g_plain.abs().max())
+
+
+@pytest.mark.parametrize("loss_type", LOSSES)
+def test_ratio_cap_is_trls_delta(trl, loss_type):
+    """ratio_cap (projection.masked_is_cap) is TRL's two-sided clipping `delta`: loss, gradient and metrics equal TRL's
+    with delta set, on a batch where the cap binds on some tokens of both advantage signs, and differ from the
+    uncapped loss there."""
+    l_max, cap = 8, 1.5
+    logp, old_logp, ref_logp, adv, mask = random_batch(B=8, T=6)
+    rho = torch.exp(logp - old_logp)
+    assert bool(((rho > cap) & (adv[:, None] < 0) & (mask > 0)).any()), "the test needs capped A < 0 tokens"
+    trainer = make_trl_trainer(l_max, CLIP_LO, CLIP_HI, BETA, loss_type=loss_type, delta=cap)
+    leaf = logp.clone().requires_grad_(True)
+    theirs = trl_loss(trainer, leaf, old_logp, ref_logp, adv, mask)
+    theirs.backward()
+    ours, grad, metrics = ours_loss_and_grad(
+        logp, old_logp, ref_logp, adv, mask, l_max, loss_type=loss_type, ratio_cap=cap
+    )
+    assert_close(ours, theirs.detach(), atol=1e-12, rtol=0)
+    assert_close(grad, leaf.grad, atol=1e-12, rtol=0)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert metrics["clip_frac"] == pytest.approx(logged["clip_ratio/region_mean"], abs=1e-12)
+    assert metrics["kl"] == pytest.approx(logged["kl"], abs=1e-12)
+    _, plain, _ = ours_loss_and_grad(logp, old_logp, ref_logp, adv, mask, l_max, loss_type=loss_type)
+    assert not torch.allclose(grad, plain, atol=1e-6)
+
+
+def test_ratio_cap_stops_a_negative_advantage_spike_and_bounds_the_kl_weight():
+    """Masked routing's failure: an unrouted row trained knob off finds a token the knob-on sampler found unlikely far
+    likelier (rho = e^5 ~ 148), and its advantage is negative. PPO's clip leaves that token's gradient rho |A| / (N
+    L_max); capped, the token's surrogate is the constant cap * A (no gradient) and kl_is's weight is at most the cap.
+    On-policy (rho = 1) the cap changes nothing, bitwise."""
+    l_max, cap = 8, 4.0
+    logp = torch.tensor([[-0.5, -1.0]], dtype=F64)  # the trained state (knob off)
+    old = torch.tensor([[-5.5, -1.0]], dtype=F64)  # the sampler (knob on): token 0 at e^-5.5
+    ref, m, neg = torch.full_like(logp, -1.0), torch.ones_like(logp), torch.tensor([-1.0], dtype=F64)
+    _, g_plain, k_plain = ours_loss_and_grad(logp, old, ref, neg, m, l_max, beta=0.0, kl_is=True)
+    _, g_cap, _ = ours_loss_and_grad(logp, old, ref, neg, m, l_max, beta=0.0, kl_is=True, ratio_cap=cap)
+    assert float(g_plain[0, 0]) == pytest.approx(torch.e**5 / l_max)  # rho |A| / (N L_max), N = 1
+    assert float(g_cap[0, 0]) == 0.0 and float(g_cap[0, 1]) == float(g_plain[0, 1])  # only the spike is stopped
+    zero = torch.zeros(1, dtype=F64)  # A = 0: only the KL term, weighted by min(rho, cap)
+    _, _, k_plain = ours_loss_and_grad(logp, old, ref, zero, m, l_max, kl_is=True)
+    _, _, k_cap = ours_loss_and_grad(logp, old, ref, zero, m, l_max, kl_is=True, ratio_cap=cap)
+    k3 = float(torch.exp(ref - logp)[0, 0] - (ref - logp)[0, 0] - 1)
+    assert k_plain["kl"] == pytest.approx((torch.e**5 * k3 + 0.0) / 2) and k_cap["kl"] == pytest.approx(cap * k3 / 2)
+    batch = random_batch()
+    on = ours_loss_and_grad(batch[0], batch[0], *batch[2:], l_max, kl_is=True)
+    on_cap = ours_loss_and_grad(batch[0], batch[0], *batch[2:], l_max, kl_is=True, ratio_cap=cap)
+    assert torch.equal(on[0], on_cap[0]) and torch.equal(on[1], on_cap[1]) and on[2] == on_cap[2]
+    with pytest.raises(ValueError, match="ratio_cap must be above 1 \\+ clip_eps_high"):
+        ours_loss_and_grad(*batch, l_max, ratio_cap=1.0 + CLIP_HI)
 
 
 def test_loss_rejects_bad_inputs():

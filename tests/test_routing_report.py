@@ -44,16 +44,18 @@ def test_per_seed_rows_golden_values():
 def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
     """The gate and KL columns read the train stage's per-step TSV: means over the steps that logged each quantity
     (NaN steps skipped), the live AUROC beside the share routed; the share of steps whose KL exceeds 1 and the largest,
-    with the matched baseline's range in the legend; the logs among the sources."""
+    with the matched baseline's range in the legend; the steps whose main gradient norm exceeds 10x the run's median
+    (step 2's 0.5 against a median of 0.016); the logs among the sources."""
     log = tmp_path / "route_masked-s41.tsv"
     log.write_text(
-        "step\tkl\tgate_frac\tgate_mean\tgate_auroc_live\n"
-        "1\t0.1\t0.75\t0.5\tnan\n2\t2.5\t0.25\t0.3\t0.6\n3\tnan\t0.5\t0.4\t0.4\n"
+        "step\tkl\tgate_frac\tgate_mean\tgate_auroc_live\tgrad_norm_main\n"
+        "1\t0.1\t0.75\t0.5\tnan\t0.012\n2\t2.5\t0.25\t0.3\t0.6\t0.5\n3\tnan\t0.5\t0.4\t0.4\t0.02\n"
+        "4\t0.2\tnan\tnan\tnan\t0.01\n"
     )
     g = R.train_log(log)
     assert g == {
-        "gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "kl_spikes": 0.5, "kl_max": 2.5,
-        "source": str(log),
+        "gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "kl_spikes": pytest.approx(1 / 3),
+        "kl_max": 2.5, "grad_spikes": 1, "source": str(log),
     }  # fmt: skip
     base = {}
     for s, kls in ((41, "0.1\n2\t0.2\n3\t1.5\n4\t0.3"), (42, "0.1\n2\t0.2\n3\t0.4\n4\t0.3")):
@@ -65,7 +67,7 @@ def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
     assert R.train_log(bare) == {}
     md = render(runs(), ORDER, {}, "", logs={("route_masked", 41): g} | base)
     rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
-    assert rows[("route_masked", "41")][10:] == ["50.0 / 0.40 / 0.50", "50.0 / 2.5"]
+    assert rows[("route_masked", "41")][10:] == ["50.0 / 0.40 / 0.50", "33.3 / 2.5 / 1"]
     assert rows[("route_masked", "42")][10:] == ["—", "—"]  # not logged
     assert "measure_only's: 0.0–25.0% of steps, max 1.5." in md
     assert {str(log), str(tmp_path / "m41.tsv")} <= set(md.split("<!-- sources: ")[1].split(" -->")[0].split(", "))
@@ -119,17 +121,21 @@ def test_the_direction_check_names_which_part_fails():
     assert "## The direction" not in render(runs(), ORDER, {}, "")
 
 
-def bar_runs(fmt42: int = 17, cand_hack: int = 24, oracle_solve: int = 2, oracle: bool = True) -> R.Runs:
+def bar_runs(
+    fmt42: int = 17, cand_hack: int = 24, oracle_solve: int | tuple[int, ...] = 2, oracle: bool = True
+) -> R.Runs:
     """runs() with knobs: route_masked's no-hint format on seed 42 (of 20), its deploy train-surface hacks (of 120;
-    measure_only's 60 = 50%), the oracle's solves (of 20; base 4), and whether the oracle arm was run."""
+    measure_only's 60 = 50%), the oracle's solves (of 20; base 4; one per seed 41, 42, 43 if a tuple), and whether
+    the oracle arm was run."""
     spec = {}
-    for s in (41, 42, 43):
+    for i, s in enumerate((41, 42, 43)):
         spec[("measure_only", s)] = {"deploy": tally(5, 60, 1)}
         fmt = (fmt42 if s == 42 else 20, 120, 120)
         spec[("route_masked", s)] = {"deploy": tally(5, cand_hack, 0, fmt), "knob_on": tally(5, 66, 1)}
         spec[("route_masked_random", s)] = {"deploy": tally(5, 60, 1), "knob_on": tally(5, 60, 1)}
         if oracle:
-            spec[("route_masked_oracle", s)] = {"deploy": tally(oracle_solve, 0, 0), "knob_on": tally(2, 90, 0)}
+            k = oracle_solve[i] if isinstance(oracle_solve, tuple) else oracle_solve
+            spec[("route_masked_oracle", s)] = {"deploy": tally(k, 0, 0), "knob_on": tally(2, 90, 0)}
     return runs_from(spec)
 
 
@@ -159,4 +165,10 @@ def test_the_verdict_names_what_each_candidate_misses_and_which_part_fails():
     assert "Not judged: measure_only, the matched baseline, was not evaluated." in verdict(r)
     gate = verdict(bar_runs(oracle_solve=5))  # the oracle solves 25%, like measure_only: the mechanics work
     assert "route_masked_oracle clears the same bar" in gate and "what fails is the gate" in gate
+    # the oracle solves 20% / 40% / 20% (measure_only 25%): the deploy targets on every seed (base 20% − 3) and the
+    # cut, but Δ solve −5 / +15 / −5 has a 3-seed interval far below −3 (the rule's b)
+    wide = verdict(bar_runs(oracle_solve=(4, 8, 4)))
+    assert "- route_masked_oracle (Δ hack -50.0 points): the rule fails b." in wide
+    assert "With a perfect gate route_masked_oracle keeps the deploy targets on every seed" in wide
+    assert "the mechanics fail" not in wide and "what fails is the gate" not in wide
     assert "No oracle-gated arm was evaluated" in verdict(bar_runs(oracle=False))

@@ -1128,12 +1128,15 @@ def test_masked_variants_train_as_their_overrides_say(world, tmp_path, suffix):
     assert not same(v, run(world, "route_masked", tmp_path / "plain", p=p0))
 
 
-@pytest.mark.parametrize("masked_is", [False, True])
-def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(world, tmp_path, monkeypatch, masked_is):
+@pytest.mark.parametrize("masked_is, cap", [(False, None), (True, None), (True, 1.5)])
+def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(
+    world, tmp_path, monkeypatch, masked_is, cap
+):
     """projection.masked_is: the masked pass' old_logp is the first pass' log-probs, each row in the state it was
     sampled in (knob on), and its KL term is ratio-weighted. So once the knob has moved, a row trained knob off (not
     routed) has ratio π_off/π_on ≠ 1, while a routed row (trained knob on) has ratio 1 up to float rounding. Off, every
-    call's old_logp is its own log-probs (ratio exactly 1) and nothing is weighted. (route_masked_oracle: the fake
+    call's old_logp is its own log-probs (ratio exactly 1) and nothing is weighted. projection.masked_is_cap reaches
+    the masked pass' loss as its ratio_cap, and no first-pass (on-policy) call. (route_masked_oracle: the fake
     grader's labels route about a third of the rows.)"""
     import projected_grpo.rl.train as T
 
@@ -1142,11 +1145,18 @@ def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(wo
 
     def spy_loss(logp, old_logp, *a, **k):
         calls.append((logp.detach().clone(), old_logp.detach().clone(), a[2].bool(), k["kl_is"]))
+        caps.append(k["ratio_cap"])
         return loss(logp, old_logp, *a, **k)
 
+    caps = []
     monkeypatch.setattr(T, "grpo_loss", spy_loss)
     monkeypatch.setattr(T, "mask_states", lambda m: states.append(mask_states(m)) or states[-1])
-    run(world, "route_masked_oracle", tmp_path, p=tiny_params(projection={"masked_is": masked_is}))
+    run(
+        world,
+        "route_masked_oracle",
+        tmp_path,
+        p=tiny_params(projection={"masked_is": masked_is, "masked_is_cap": cap}),
+    )
     n_mb = 2  # 2 prompts x 4 rollouts in micro-batches of 4: per step 2 first-pass calls, then 2 masked ones
     assert len(calls) == 2 * n_mb * len(states) == 12
     gaps = {"routed": [], "unrouted": []}
@@ -1164,6 +1174,8 @@ def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(wo
     assert gaps["routed"] and gaps["unrouted"]
     assert max(gaps["routed"]) < 1e-5
     assert (max(gaps["unrouted"]) > 1e-3) == masked_is and min(gaps["unrouted"]) >= 0
+    masked_pass = [i % (2 * n_mb) >= n_mb for i in range(len(caps))]
+    assert caps == [cap if m else None for m in masked_pass]
 
 
 def test_retain_heal_lowers_clean_nll_knob_off_and_leaves_the_knob(world):

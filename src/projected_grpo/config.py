@@ -410,6 +410,11 @@ class ProjectionParams:
     # pushing instead of exploding KL's e^(ref − logp). Routed and ambiguous rows train in their sampling state (ratio
     # 1 either way). Other arms ignore it.
     masked_is: bool = False
+    # With masked_is: the ratio capped at this value in the PPO surrogate and in the KL weight (TRL's `delta`,
+    # two-sided clipping; INTELLECT-2 uses 4). PPO's clip leaves rho unbounded on negative-advantage tokens, and an
+    # unrouted row's rho (knob off over knob on) reached ~150 on one token in an oracle-gated run: a gradient spike of
+    # 30x the step's norm, after which the KL to the reference left 0.1 for 4-10. None = unbounded.
+    masked_is_cap: float | None = None
     # Retain heal (issue 25; 0 = off, the default until it wins): after the last GRPO step, this many Adam steps of NLL
     # on the clean completions of the held-out extraction pairs, knob off, main δS only (rl/heal.py), at heal_lr with
     # heal_batch completions a step; the final checkpoint is the healed policy. Arms with a knob only.
@@ -420,6 +425,11 @@ class ProjectionParams:
     def __post_init__(self) -> None:
         if self.heal_steps < 0 or self.heal_lr <= 0 or self.heal_batch < 1:
             raise ValueError("projection: need heal_steps >= 0 (0 = off), heal_lr > 0 and heal_batch >= 1")
+        if self.masked_is_cap is not None and not (self.masked_is and self.masked_is_cap > 1):
+            raise ValueError(
+                f"projection.masked_is_cap caps masked_is's ratio: needs masked_is: true and a value > 1, got "
+                f"masked_is: {str(self.masked_is).lower()}, masked_is_cap: {self.masked_is_cap}"
+            )
         if not 0 <= self.deploy_frac < 1:
             raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
         if self.main_baseline not in ("group", "main_rows"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -86,6 +87,10 @@ class Found:
 
 GATE_LOG = ("gate_frac", "gate_mean", "gate_auroc_live")
 KL_SPIKE = 1.0  # a step whose logged KL exceeds this spikes (the committed measure_only runs: 0-1.5% of steps)
+# a step whose main gradient norm (before clipping) exceeds this many times its run's median spikes: every committed
+# oracle-gated masked run has 1-20 such steps (up to 3000x; without masked_is k3's e^(ref - logp), with it the
+# ratio of one token), the default routed arm's and measure_only's runs none (issue 25)
+GRAD_SPIKE = 10.0
 
 
 def train_log(path: Path) -> dict:
@@ -93,13 +98,17 @@ def train_log(path: Path) -> dict:
     `gate_frac` (the share of rollouts the gate sends to the knob at all), `gate_mean` (the mean gate, in [0, 1]) and
     `gate_auroc_live` (the live score's AUROC, hack vs not, on the step's own rollouts: it reads the grader's labels
     and is a diagnostic only, nothing routes by it); `kl_spikes`, the share of steps whose logged KL to the reference
-    (the loss' k3 estimate, each row in the state it trained in) exceeds KL_SPIKE, and `kl_max`; each over the steps
-    that logged it, and `source`. {} when the log has none of them."""
+    (the loss' k3 estimate, each row in the state it trained in) exceeds KL_SPIKE, and `kl_max`; `grad_spikes`, the
+    number of steps whose main gradient norm exceeds GRAD_SPIKE times the run's median; each over the steps that
+    logged it, and `source`. {} when the log has none of them."""
     rows = read_curve(path)
-    logged = {k: [r[k] for r in rows if k in r and not math.isnan(r[k])] for k in (*GATE_LOG, "kl")}  # NaN: not logged
+    keys = (*GATE_LOG, "kl", "grad_norm_main")
+    logged = {k: [r[k] for r in rows if k in r and not math.isnan(r[k])] for k in keys}  # NaN: not logged
     out = {k: sum(v) / len(v) for k, v in logged.items() if v and k in GATE_LOG}
     if kl := logged["kl"]:
         out |= {"kl_spikes": sum(x > KL_SPIKE for x in kl) / len(kl), "kl_max": max(kl)}
+    if g := logged["grad_norm_main"]:
+        out["grad_spikes"] = sum(x > GRAD_SPIKE * statistics.median(g) for x in g)
     return out | {"source": str(path)} if out else {}
 
 

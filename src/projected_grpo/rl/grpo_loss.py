@@ -62,9 +62,11 @@ def grpo_loss(
     loss_type: str = "dr_grpo",
     n_tokens: float | None = None,
     kl_is: bool = False,
+    ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `loss_type` -> (scalar, metrics); kl_is: the
-    KL term weighted by the detached ratio (off-policy rows, see below).
+    KL term weighted by the detached ratio (off-policy rows, see below); ratio_cap: the ratio capped at this value in
+    the surrogate, and in kl_is's weight (TRL's `delta`, two-sided clipping; None = PPO's one-sided clip only).
 
     Aggregation (`aggregate`): dr_grpo sum(x) / (n_rows*l_max), the default; grpo sum_n [sum_t x / |o_n|] / n_rows;
     dapo sum(x) / n_tokens. n_rows and n_tokens are the *whole batch's* row and mask-token counts (default: this
@@ -84,6 +86,8 @@ def grpo_loss(
     if T > l_max:
         # the constant normalizer assumes no completion is longer than L_max; a longer T means a config mismatch
         raise ValueError(f"completion length T={T} exceeds l_max={l_max}")
+    if ratio_cap is not None and not ratio_cap > 1.0 + clip_eps_high:
+        raise ValueError(f"ratio_cap must be above 1 + clip_eps_high = {1.0 + clip_eps_high}, got {ratio_cap}")
     if beta != 0.0 and ref_logp is None:
         raise ValueError("beta != 0 needs ref_logp (the KL penalty is measured against the reference policy)")
 
@@ -102,7 +106,14 @@ def grpo_loss(
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)  # (B, T)
     # Pessimistic min over the unclipped and clipped surrogates: once rho has moved past 1+eps_hi (A>0) or 1-eps_lo
     # (A<0), the clipped branch is active and constant in logp, so that token stops pushing (zero gradient).
-    pg = -torch.min(ratio * a, clipped * a)  # (B, T)
+    # ratio_cap (TRL's `delta`, INTELLECT-2's two-sided clipping): PPO's clip bounds rho only where it stops a push
+    # (A > 0 above 1 + eps_hi, A < 0 below 1 - eps_lo); a token with A < 0 that the trained state finds far likelier
+    # than the sampler did keeps a gradient rho |A| with rho unbounded. On-policy rho is 1 and nothing changes; a row
+    # trained in another state than it was sampled in (masked routing) can reach rho ~ 150 on one token, a gradient
+    # spike of 30x the step's norm that Adam's momentum then carries for tens of steps. Capped, such a token's
+    # surrogate is the constant cap*A: no gradient, as for the tokens the clip already stops.
+    capped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)  # (B, T)
+    pg = -torch.min(capped * a, clipped * a)  # (B, T)
 
     # --- KL penalty to the reference policy ---
     # k3 estimator (Schulman, "Approximating KL divergence"): with d = ref - logp, KL ~= e^d - d - 1 >= 0, an
@@ -115,7 +126,7 @@ def grpo_loss(
     if ref_logp is not None:
         d = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))  # (B, T) zeroed like the log-ratio
         kl = torch.exp(d) - d - 1.0  # (B, T), 0 at padding
-        kl = ratio.detach() * kl if kl_is else kl
+        kl = capped.detach() * kl if kl_is else kl
     else:
         kl = None
     per_tok = pg + beta * kl if (kl is not None and beta != 0.0) else pg  # (B, T)

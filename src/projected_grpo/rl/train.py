@@ -396,6 +396,7 @@ def loss_backward(
                     loss_type=g.loss,
                     n_tokens=n_tokens,
                     kl_is=old is not None,
+                    ratio_cap=p.projection.masked_is_cap if old is not None else None,
                 )
             with timer("backward"):
                 loss.backward()
