@@ -185,7 +185,11 @@ def _registry() -> dict[str, Arm]:
         ("route_batch_no_gate", None, ROUTE, True),
         ("route_per_rollout", "rollout", ROUTE, True),
         ("route_per_token", "token", ROUTE, False),
-        # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full)
+        # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full).
+        # route_two_sided measured, 3 seeds with its control: the deployed model keeps the targets (format 91.6 / 93.7
+        # / 92.0, solve 23.9 / 26.1 / 20.2) and nothing is cut (Δ hack -1.4 [-6.3, 3.4], -3.6 [-18.8, 11.5] vs its
+        # control; the knob on hacks as much): without the rectification the knob gets no drift, and the gradient gate
+        # (live AUROC 0.52-0.54) routes noise; fails (a)-(d)
         ("route_two_sided", "rollout", ROUTE, True),
         ("route_full", "rollout", ROUTE, False),
         # issue 25: per-rollout forward masks (adapter.row_masks): a routed rollout trains only the knob, an unrouted
