@@ -81,7 +81,7 @@ def test_unknown_key_raises_keyerror_naming_it(raw, path):
         ("grpo", "warmup_steps", -1, "grpo.warmup_steps"),
         ("grpo", "micro_batch_tokens", -1, "grpo.micro_batch_tokens"),
         ("rollout", "batch_size", 0, "rollout.batch_size"),
-        ("projection", "masked_is_cap", 4.0, "masked_is_cap caps masked_is's ratio: needs masked_is: true"),
+        ("projection", "masked_is_cap", 4.0, "masked_is_cap caps masked_is's ratio: needs masked_is: true, got"),
     ],
 )
 def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
@@ -94,10 +94,12 @@ def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
         from_dict(Params, d)
 
 
-def test_masked_is_cap_needs_a_cap_above_one(raw):
+def test_masked_is_cap_must_be_above_the_clips_upper_bound(raw):
+    """At or under 1 + clip_eps_high the cap would clip positive-advantage tokens before PPO's clip does."""
     d = copy.deepcopy(raw)
-    d["projection"] |= {"masked_is": True, "masked_is_cap": 1.0}
-    with pytest.raises(ValueError, match="a value > 1, got masked_is: true, masked_is_cap: 1.0"):
+    d["projection"] |= {"masked_is": True, "masked_is_cap": 1.2}
+    d["grpo"]["clip_eps_high"] = 0.28
+    with pytest.raises(ValueError, match=r"masked_is_cap=1.2 must be above 1 \+ grpo.clip_eps_high = 1.28"):
         from_dict(Params, d)
     d["projection"]["masked_is_cap"] = 4
     assert from_dict(Params, d).projection.masked_is_cap == 4

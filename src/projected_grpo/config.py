@@ -425,10 +425,10 @@ class ProjectionParams:
     def __post_init__(self) -> None:
         if self.heal_steps < 0 or self.heal_lr <= 0 or self.heal_batch < 1:
             raise ValueError("projection: need heal_steps >= 0 (0 = off), heal_lr > 0 and heal_batch >= 1")
-        if self.masked_is_cap is not None and not (self.masked_is and self.masked_is_cap > 1):
+        if self.masked_is_cap is not None and not self.masked_is:
             raise ValueError(
-                f"projection.masked_is_cap caps masked_is's ratio: needs masked_is: true and a value > 1, got "
-                f"masked_is: {str(self.masked_is).lower()}, masked_is_cap: {self.masked_is_cap}"
+                f"projection.masked_is_cap caps masked_is's ratio: needs masked_is: true, got masked_is: false and "
+                f"masked_is_cap: {self.masked_is_cap}"
             )
         if not 0 <= self.deploy_frac < 1:
             raise ValueError(f"projection.deploy_frac must be in [0, 1), got {self.deploy_frac}")
@@ -635,6 +635,9 @@ class Params:
                 f"basis.k={self.basis.k} is larger than adapter.rank={self.adapter.rank}; lower basis.k "
                 "or raise adapter.rank"
             )
+        cap, top = self.projection.masked_is_cap, 1 + self.grpo.clip_eps_high
+        if cap is not None and not cap > top:  # at or under the clip's upper bound it would clip A > 0 tokens too
+            raise ValueError(f"projection.masked_is_cap={cap} must be above 1 + grpo.clip_eps_high = {top:g}")
 
 
 def from_dict(cls: type[T], d: dict[str, Any], path: str = "") -> T:
