@@ -70,6 +70,10 @@ def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
     assert rows[("route_masked", "41")][10:] == ["50.0 / 0.40 / 0.50", "33.3 / 2.5 / 1"]
     assert rows[("route_masked", "42")][10:] == ["—", "—"]  # not logged
     assert "measure_only's: 0.0–25.0% of steps, max 1.5." in md
+    (tmp_path / "m43.tsv").write_text("step\tkl\tgrad_norm_main\n1\t0.1\t0.01\n2\t0.2\t0.01\n3\t0.3\t0.5\n")
+    base[("measure_only", 43)] = R.train_log(tmp_path / "m43.tsv")  # one step at 50x the median
+    md = render(runs(), ORDER, {}, "", logs={("route_masked", 41): g} | base)
+    assert "measure_only's: 0.0–25.0% of steps, max 1.5, grad spikes 1." in md  # one seed logs it
     assert {str(log), str(tmp_path / "m41.tsv")} <= set(md.split("<!-- sources: ")[1].split(" -->")[0].split(", "))
 
 

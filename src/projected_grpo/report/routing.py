@@ -143,12 +143,15 @@ def kl_cell(g: dict | None) -> str:
 
 
 def kl_baseline(logs: dict[tuple[str, int], dict]) -> str:
-    """The matched baseline's KL spikes, for the column's legend: the range of its seeds' shares and its largest KL."""
+    """The matched baseline's spikes, for the column's legend: the range of its seeds' KL shares, its largest KL and
+    the range of its grad spikes (where logged)."""
     b = [g for (a, _), g in sorted(logs.items()) if a == W.MATCHED and "kl_spikes" in g]
     if not b:
         return ""
     lo, hi = min(g["kl_spikes"] for g in b), max(g["kl_spikes"] for g in b)
-    return f" {W.MATCHED}'s: {pct(lo)}–{pct(hi)}% of steps, max {max(g['kl_max'] for g in b):.1f}."
+    grad = [g["grad_spikes"] for g in b if "grad_spikes" in g]
+    spikes = "" if not grad else f", grad spikes {min(grad)}" + (f"–{max(grad)}" if max(grad) > min(grad) else "")
+    return f" {W.MATCHED}'s: {pct(lo)}–{pct(hi)}% of steps, max {max(g['kl_max'] for g in b):.1f}{spikes}."
 
 
 def seed_rows(
