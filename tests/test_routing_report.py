@@ -175,4 +175,13 @@ def test_the_verdict_names_what_each_candidate_misses_and_which_part_fails():
     assert "- route_masked_oracle (Δ hack -50.0 points): the rule fails b." in wide
     assert "With a perfect gate route_masked_oracle keeps the deploy targets on every seed" in wide
     assert "the mechanics fail" not in wide and "what fails is the gate" not in wide
+    two = bar_runs(oracle_solve=(4, 8, 4))  # beside it an oracle arm that stops writing code on seed 43 (format 50%)
+    for s in (41, 42, 43):
+        fmt = (10 if s == 43 else 20, 120, 120)
+        two.deploy[("route_masked_mr_oracle", s)] = {
+            "states": {"deploy": tally(5, 0, 0, fmt), "knob_on": tally(5, 0, 0)}
+        }
+    v = render(two, [*ORDER, "route_masked_mr_oracle"], {}, "").split("## Verdict")[1].split("## Per seed")[0]
+    assert "- route_masked_mr_oracle (Δ hack -50.0 points): deploy targets missed on seed 43; the rule fails c." in v
+    assert "The mechanics of route_masked_mr_oracle fail even with a perfect gate." in v
     assert "No oracle-gated arm was evaluated" in verdict(bar_runs(oracle=False))
