@@ -468,7 +468,7 @@ def test_ratio_cap_stops_a_negative_advantage_spike_and_bounds_the_kl_weight():
     logp = torch.tensor([[-0.5, -1.0]], dtype=F64)  # the trained state (knob off)
     old = torch.tensor([[-5.5, -1.0]], dtype=F64)  # the sampler (knob on): token 0 at e^-5.5
     ref, m, neg = torch.full_like(logp, -1.0), torch.ones_like(logp), torch.tensor([-1.0], dtype=F64)
-    _, g_plain, k_plain = ours_loss_and_grad(logp, old, ref, neg, m, l_max, beta=0.0, kl_is=True)
+    _, g_plain, _ = ours_loss_and_grad(logp, old, ref, neg, m, l_max, beta=0.0, kl_is=True)
     _, g_cap, _ = ours_loss_and_grad(logp, old, ref, neg, m, l_max, beta=0.0, kl_is=True, ratio_cap=cap)
     assert float(g_plain[0, 0]) == pytest.approx(torch.e**5 / l_max)  # rho |A| / (N L_max), N = 1
     assert float(g_cap[0, 0]) == 0.0 and float(g_cap[0, 1]) == float(g_plain[0, 1])  # only the spike is stopped

@@ -107,9 +107,11 @@ ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 _TAIL, _MR = ("projection.band", "tail"), ("projection.main_baseline", "main_rows")
 _Q, _IS = ("adapter.quarantine", "separate"), ("projection.masked_is", True)
 _DEPLOY, _ACT = ("projection.deploy_frac", 0.25), ("basis.space", "act")
+_GATE = ("projection.deploy_gate", True)
 _CAP = ("projection.masked_is_cap", 4.0)  # TRL's delta; INTELLECT-2's value
 _HEAL = ("projection.heal_steps", 7)  # one epoch of prog_wide's 56 clean extraction completions, 8 a step
 _ACT_MR_IS = (_ACT, _MR, _IS)
+_DEPLOY_GATE_Q = (*_ACT_MR_IS, _DEPLOY, _GATE, _Q)  # the default routed arm's overrides
 MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "tail": (_TAIL,),
     "mr": (_MR,),
@@ -139,7 +141,7 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # (the default routed arm at 8921285, its outputs there): deploy hack cut 31.5 points [26.4, 36.6] (-13.7 vs its
     # control), deploy format 89.9 / 90.8 / 88.2 and solve 26.9 / 28.2 / 23.9; fails the win rule's (b) (lower bound
     # -5.9), (c) (-5.7)
-    "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True)),
+    "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, _GATE),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
     # the main's directions carry; measured, 3 seeds: deploy format 92.9 / 92.0 / 90.8 and solve 33.6 / 29.4 / 31.1
     # (the deploy targets on every seed), hack cut 22.3 points [15.8, 28.9] (-18.2 vs its control); fails (b), (c)
@@ -148,14 +150,14 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # The default routed arm (params.yaml); measured, 3 seeds: deploy format 92.9 / 92.0 / 94.5 and solve 34.0 / 26.1
     # / 30.7 (the deploy targets on every seed), hack cut 24.7 points [21.0, 28.5] (-21.4 vs its control, which cuts
     # 2.6); fails (b) (lower bound -15.0) and (c) (-2.2 no-hint, -3.2 train hints; the bar is -2)
-    "act_mr_is_deploy_gate_q": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True), _Q),
+    "act_mr_is_deploy_gate_q": _DEPLOY_GATE_Q,
     # the same with the importance ratio capped (projection.masked_is_cap at INTELLECT-2's 4): its oracle bound missed
     # the deploy targets on 2 of 3 seeds, each oracle-gated run with gradient spikes of 10-130x the median norm where
     # an unrouted row's ratio was unbounded (none in its calibrated runs, whose soft band trains most rows knob on).
     # Its oracle bound (_cap_oracle, in the default matrix) measured, 3 seeds: deploy format 97.1 / 95.8 / 94.5 and
     # solve 32.8 / 32.4 / 32.8 (the deploy targets on every seed), hack cut 48.4 points [42.1, 54.7]; fails only (b)
     # (+5.2 [-4.8, 15.2]). The calibrated arm and its control are not measured yet
-    "act_mr_is_deploy_gate_q_cap": (*_ACT_MR_IS, _DEPLOY, ("projection.deploy_gate", True), _Q, _CAP),
+    "act_mr_is_deploy_gate_q_cap": (*_DEPLOY_GATE_Q, _CAP),
 }
 
 

@@ -108,7 +108,8 @@ def train_log(path: Path) -> dict:
     if kl := logged["kl"]:
         out |= {"kl_spikes": sum(x > KL_SPIKE for x in kl) / len(kl), "kl_max": max(kl)}
     if g := logged["grad_norm_main"]:
-        out["grad_spikes"] = sum(x > GRAD_SPIKE * statistics.median(g) for x in g)
+        top = GRAD_SPIKE * statistics.median(g)
+        out["grad_spikes"] = sum(x > top for x in g)
     return out | {"source": str(path)} if out else {}
 
 
