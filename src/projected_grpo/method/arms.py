@@ -156,7 +156,10 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     # an unrouted row's ratio was unbounded (none in its calibrated runs, whose soft band trains most rows knob on).
     # Its oracle bound (_cap_oracle, in the default matrix) measured, 3 seeds: deploy format 97.1 / 95.8 / 94.5 and
     # solve 32.8 / 32.4 / 32.8 (the deploy targets on every seed), hack cut 48.4 points [42.1, 54.7]; fails only (b)
-    # (+5.2 [-4.8, 15.2]). The calibrated arm and its control are not measured yet
+    # (+5.2 [-4.8, 15.2]). The calibrated arm measured, 3 seeds with its control: no spikes to remove (0 per seed, as
+    # uncapped), hack cut 26.0 points [21.1, 30.9] (-20.1 vs its control, which cuts 5.9) but deploy format 86.6 / 88.2
+    # / 89.9, under 90% on every seed (uncapped: 92.9 / 92.0 / 94.5; paired -4.9 [-8.1, -1.7] no-hint, -0.5 [-7.3,
+    # 6.3] on the 6x larger train-hint surface), solve 35.7 / 24.4 / 26.9; fails (b), (c); not the default
     "act_mr_is_deploy_gate_q_cap": (*_DEPLOY_GATE_Q, _CAP),
 }
 
