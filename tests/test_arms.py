@@ -3,6 +3,7 @@
 it."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -54,6 +55,13 @@ def test_roles_and_lists():
     assert all(ARMS[n].role == "candidate" for fam in FAMILIES.values() for n in fam)
     order = ordered_arms(["vanilla", "gt_only"], ["route_per_rollout_random", "measure_only", "route_per_rollout"])
     assert order == ["vanilla", "measure_only", "route_per_rollout", "route_per_rollout_random", "gt_only"]
+
+
+def test_readme_lists_every_masked_variant():
+    """The README's arm list names the masked-routing variants as route_masked_{a,b,...}: every registered one, no
+    other (a variant added to arms.MASKED_VARIANTS and not documented fails here)."""
+    listed = re.search(r"`route_masked_\{([a-z_,]+)\}`", (ROOT / "README.md").read_text()).group(1).split(",")
+    assert sorted(listed) == sorted(MASKED_VARIANTS) and len(set(listed)) == len(listed)
 
 
 def test_variant_arms_run_with_their_overrides():
