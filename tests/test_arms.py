@@ -57,6 +57,27 @@ def test_roles_and_lists():
     assert order == ["vanilla", "measure_only", "route_per_rollout", "route_per_rollout_random", "gt_only"]
 
 
+def test_share_matched_controls_are_the_act_tail_controls():
+    """The share-matched controls are exactly the *_random twins of the masked variants gated by an activation tail
+    (a calibrated tail on another score, or a band gate, keeps its own threshold); an arm that is not such a control
+    cannot be one."""
+    tail_act = {
+        f"route_masked_{v}_random"
+        for v, o in MASKED_VARIANTS.items()
+        if {("projection.band", "tail"), ("basis.space", "act")} <= set(o)
+    }
+    assert tail_act and {n for n, a in ARMS.items() if a.share_matched} == tail_act
+    with pytest.raises(ValueError, match="share-matched"):
+        Arm(
+            "route_masked_tail_random",
+            "route_masked",
+            gate="rollout",
+            random_dir=True,
+            share_matched=True,
+            overrides=(("projection.band", "tail"),),
+        )
+
+
 def test_readme_lists_every_masked_variant():
     """The README's arm list names the masked-routing variants as route_masked_{a,b,...}: every registered one, no
     other (a variant added to arms.MASKED_VARIANTS and not documented fails here)."""

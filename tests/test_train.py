@@ -33,7 +33,8 @@ from projected_grpo.common.log import PhaseTimer
 from projected_grpo.config import Params
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import MODES, apply_mode
-from projected_grpo.method.arms import ARMS, MASKED_VARIANTS, get_arm
+from projected_grpo.method import projection as proj
+from projected_grpo.method.arms import ARMS, MASKED_VARIANTS, Arm, get_arm
 from projected_grpo.method.basis import (
     Basis,
     act_basis,
@@ -42,8 +43,17 @@ from projected_grpo.method.basis import (
     encode,
     pool_tokens,
     pooled_activations,
+    random_act,
 )
-from projected_grpo.method.direction import Direction, RunBasis, mass_matched, refresh_basis
+from projected_grpo.method.direction import (
+    Direction,
+    RunBasis,
+    act_seed,
+    check_run_basis,
+    mass_matched,
+    refresh_basis,
+    share_matched,
+)
 from projected_grpo.method.gate import HeldOutPairs, calibrate_gate, residual_capture
 from projected_grpo.policy.adapter import adapters, attach_adapters, knob_disabled
 from projected_grpo.policy.logprobs import padded
@@ -172,7 +182,7 @@ def world():
 
 def run(
     world,
-    arm: str,
+    arm: str | Arm,
     tmp: Path,
     p: Params | None = None,
     grader=None,
@@ -181,10 +191,12 @@ def run(
     model=None,
     cal: HeldOutPairs | None = None,
     result: dict | None = None,
+    act: Basis | None = None,
 ):
-    """Train `arm` on the tiny world (with its overrides, as the train stage runs it); returns the final (δS, δS_h) per
-    module. `result` receives train()'s result."""
-    a = get_arm(arm)
+    """Train `arm` (a name, or an Arm) on the tiny world (with its overrides, as the train stage runs it); returns the
+    final (δS, δS_h) per module. `result` receives train()'s result. `act`: the gate's v_act (default the world's; a
+    share-matched control's counts with the world's, so it defaults to a random one, as the stage gives it)."""
+    a = arm if isinstance(arm, Arm) else get_arm(arm)
     deploy = dict(a.overrides).get("projection.deploy_frac")  # a quarter of 2 prompts is none: 4 a step
     p = a.params(p or tiny_params(prompts_per_step=4 if deploy else 2))
     m = model
@@ -193,6 +205,9 @@ def run(
         attach_adapters(m, "all", 4, separate=p.adapter.quarantine == "separate")
     b = (world["random"] if a.random_dir else world["basis"]) if a.reads_basis else None
     matched = world["basis"] if mass_matched(p, a) else None
+    share = share_matched(p, a)
+    if act is None:
+        act = random_act(world["act"], act_seed(0)) if share else world["act"]
     if a.oracle_basis:  # the world's basis stands in for the oracle_basis stage's (marked as it marks its own)
         b, matched = (
             x if x is None else dataclasses.replace(x, meta={**x.meta, "oracle": True}) for x in (b, matched)
@@ -200,10 +215,11 @@ def run(
     torch.set_num_threads(1)
     rb = RunBasis(
         basis=b,
-        act=world["act"],
+        act=act,
         matched=matched,
         cal=cal or world["cal"],
         extraction=world["ex"],
+        ref_act=world["act"] if share else None,
     )
     res = train(
         p,
@@ -217,7 +233,7 @@ def run(
         tmp / "log.tsv",
         rb=rb,
         pool=pool,
-        signature={"arm": arm},
+        signature={"arm": a.name},
         progress=False,
         grade_fn=grader or fake_grader(),
         timings_path=tmp / "timings.tsv",
@@ -607,6 +623,56 @@ def test_tail_gate_routes_the_calibrated_top_tail_and_logs_its_precision(world, 
     resumed = run(world, arm, tmp_path / "cut", p=p)
     assert same(full, resumed)
     assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
+
+
+SHARED = "route_masked_act_mr_is_tail_random"  # the share-matched control (arms.Arm.share_matched)
+
+
+def test_share_matched_control_routes_v_acts_count_and_picks_by_its_own_score(world):
+    """A share-matched control's live gate routes exactly as many rows as v_act's calibrated tail would route on the
+    same batch (rows with A != 0, deploy rows excluded without deploy_gate), and those rows are the top ones by its own
+    random direction's score: with its own threshold it would route none here. It needs v_act (one-line error)."""
+    arm = get_arm(SHARED)
+    p = arm.params(tiny_params())
+    assert share_matched(p, arm) and not share_matched(p, get_arm("route_masked_act_mr_is_random"))
+    own = random_act(world["act"], act_seed(0))
+    rb = RunBasis(world["random"], act=own, cal=world["cal"], ref_act=world["act"])
+    with pytest.raises(ValueError, match="ref_act"):
+        check_run_basis(p, arm, dataclasses.replace(rb, ref_act=None))
+    d = Direction(p, arm, rb, list(world["random"].vh), False, "t")
+    N, n_on = 12, 8
+    pooled = torch.randn(N, world["act"].v_act.shape[0], generator=torch.Generator().manual_seed(5))
+    s, s_ref = pooled @ own.v_act, pooled @ world["act"].v_act
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5] * 3)
+    tau_ref = float(s_ref.median())
+    d.state.gate.tau, d.state.ref_gate.tau = (float(s.max()) + 1,) * 2, (tau_ref, tau_ref)
+    gr = Grads(raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=pooled, stats={})
+    m, _, live = live_gates(arm, d, gr, adv, torch.ones(N, 3), p.projection, n_on)
+    ok = (adv != 0) & (torch.arange(N) < n_on)
+    k = int(((s_ref >= tau_ref) & ok).sum())
+    top = sorted(torch.argsort(torch.where(ok, s, -math.inf), descending=True)[:k].tolist())
+    assert k > 0 and torch.equal(live, s)
+    assert int(m.sum()) == k and torch.nonzero(m).flatten().tolist() == top
+    assert not proj.band_gate(s, adv, *d.gate.tau, "tail").any()  # its own calibrated tail: nothing routed
+
+
+def test_share_matched_control_end_to_end(world, tmp_path):
+    """End to end: with v_act as its own direction the share-matched control is bitwise the unmatched run (same count,
+    same pick); with its random direction it is a different run from the unmatched one. Stopped after 3 steps and
+    resumed to 4, it ends bitwise equal to 4 straight steps, log included: the checkpoint carries v_act's gate, whose
+    thresholds are not the control's own."""
+    arm, p = get_arm(SHARED), tiny_params(projection={"f": 0.34}, steps=4)
+    plain = dataclasses.replace(arm, share_matched=False)
+    assert same(run(world, arm, tmp_path / "a", p=p, act=world["act"]), run(world, plain, tmp_path / "b", p=p))
+    full = run(world, arm, tmp_path / "full", p=p)
+    own = random_act(world["act"], act_seed(0))
+    assert not same(full, run(world, plain, tmp_path / "plain", p=p, act=own))
+    run(world, arm, tmp_path / "cut", p=dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=3)))
+    assert same(full, run(world, arm, tmp_path / "cut", p=p))
+    assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
+    ck = read_checkpoint(tmp_path / "full" / "ckpt", 4)
+    assert ck["ref_gate"]["tau"] != ck["gate"]["tau"]
+    assert "ref_gate" not in read_checkpoint(tmp_path / "plain" / "ckpt", 4)
 
 
 def test_diag_label_auroc_and_span_norm_by_hand():

@@ -38,6 +38,11 @@ class Arm:
     # Haar v_act too, so the gate is as random as the span)
     control: str | None = None  # the name of this arm's random-direction control, where the registry has one
     mass_matched: bool = False  # a control whose moved norm can be matched to v_hack's (projection.random_match)
+    # A tail-gated act control that routes, each step, as many rollouts as v_act's calibrated tail would on the same
+    # batch, the top ones by its own random score (projection.share_matched_gate): a tail's routed share is not a
+    # property of the held-out calibration (v_act's tail routed 38% of live rollouts; the same calibrated tail on a
+    # random direction 2.7%), so a control with its own threshold would not be matched in what it routes
+    share_matched: bool = False
     pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
     family: str | None = None  # the results.md comparison table the arm belongs to
     # The per-rollout gate reads the grader's hack label instead of the held-out-calibrated score: an upper bound on
@@ -60,6 +65,16 @@ class Arm:
             raise ValueError(f"arm {self.name}: an oracle gate is a per-rollout gate on an arm named *oracle*")
         if self.oracle_basis != ("oracle_basis" in self.name) or (self.oracle_basis and not self.reads_basis):
             raise ValueError(f"arm {self.name}: exactly the arms named *oracle_basis* read the oracle basis")
+        over = dict(self.overrides)
+        if self.share_matched and not (
+            self.random_dir
+            and self.gate == "rollout"
+            and over.get("projection.band") == "tail"
+            and over.get("basis.space") == "act"
+        ):
+            raise ValueError(
+                f"arm {self.name}: a share-matched control is a *_random arm with a per-rollout act tail gate"
+            )
         bad = [k for k, _ in self.overrides if not (k.startswith("projection.") or k in OVERRIDABLE)]
         if bad:
             raise ValueError(
@@ -216,7 +231,8 @@ def _registry() -> dict[str, Arm]:
     for suffix, over in MASKED_VARIANTS.items():
         name, kw = f"route_masked_{suffix}", {"gate": "rollout", "family": ROUTE, "overrides": over}
         arms.append(Arm(name, "route_masked", control=f"{name}_random", **kw))
-        arms.append(Arm(f"{name}_random", "route_masked", random_dir=True, **kw))
+        share = _TAIL in over and _ACT in over  # the tail's control routes what v_act's tail would
+        arms.append(Arm(f"{name}_random", "route_masked", random_dir=True, share_matched=share, **kw))
         arms.append(Arm(f"{name}_oracle", "route_masked", oracle_gate=True, **kw))
     # issue 25's other upper bound: the same rules on the oracle basis (vanilla's own hack vs non-hack rollouts), each
     # with its random control (Haar directions of the oracle basis' k per module), so the report separates "the

@@ -48,13 +48,15 @@ class RunBasis:
         arm a Haar-random unit direction in its place (`random_act`), so the control's gate is random too.
     matched: v_hack for a random control with projection.random_match=mass: each step, what the control moves out of
         main is rescaled (one factor over all modules) to the norm the same rule moves along v_hack.
-    cal: held-out calibration pairs (gated routing). extraction: held-out extraction pairs (basis refresh)."""
+    cal: held-out calibration pairs (gated routing). extraction: held-out extraction pairs (basis refresh).
+    ref_act: v_act itself for a share-matched control (`share_matched`): the gate it counts routed rollouts with."""
 
     basis: Basis | None = None
     act: Basis | None = None
     matched: Basis | None = None
     cal: HeldOutPairs | None = None
     extraction: HeldOutPairs | None = None
+    ref_act: Basis | None = None
 
 
 def refreshes(p, arm: Arm) -> bool:
@@ -71,6 +73,12 @@ def mass_matched(p, arm: Arm) -> bool:
     route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
     has no match_target column). Nor route_full_random: it moves whole rollouts, matched by construction."""
     return arm.mass_matched and p.projection.random_match == "mass"
+
+
+def share_matched(p, arm: Arm) -> bool:
+    """A control that routes as many rollouts as v_act's calibrated tail would on the same batch (the arm's
+    `share_matched`, under params with the act space and the tail band): it reads v_act to count, never to choose."""
+    return arm.share_matched and act_gated(p, arm) and p.projection.band == "tail"
 
 
 def act_seed(seed: int, step: int | None = None) -> int:
@@ -116,6 +124,7 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
     if act is not None and arm.random_dir:
         act = random_act(act, act_seed(p.basis.seed))
     matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
+    ref_act = Basis.load(basis_dir / "act.safetensors") if share_matched(p, arm) else None
     cal = ex = None
     if arm.gate is not None or refreshes(p, arm) or heals(p, arm):
         if pairsets is None and not arm.oracle_basis:
@@ -124,7 +133,7 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
         # an oracle-basis arm's held-out pairs are the oracle's own (vanilla's graded rollouts), beside its basis
         path = basis_dir / ORACLE_PAIRS if arm.oracle_basis else pairset_path(pairsets, p.substrate, p.basis.pairset)
         cal, ex = held_out_pairs(p, arm, load_pairset(path), holdout)
-    return RunBasis(b, act, matched, cal, ex)
+    return RunBasis(b, act, matched, cal, ex, ref_act)
 
 
 def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
@@ -142,6 +151,10 @@ def check_run_basis(p, arm: Arm, rb: RunBasis) -> None:
         )
     if mass_matched(p, arm) and rb.matched is None:
         raise ValueError(f"{arm.name} with projection.random_match=mass needs v_hack: pass `matched` (stage: --basis)")
+    if share_matched(p, arm) and rb.ref_act is None:
+        raise ValueError(f"{arm.name} routes as many rollouts as v_act's gate: pass `ref_act` (stage: --basis)")
+    if share_matched(p, arm) and refreshes(p, arm):
+        raise ValueError(f"{arm.name}: a share-matched control needs a frozen basis (projection.refresh_every 0)")
     layer = p.basis.act_layer
     if act_gated(p, arm) and (rb.act is None or rb.act.meta.get("act_layer") != layer):
         raise ValueError(
@@ -196,13 +209,17 @@ def refresh_basis(
 @dataclass
 class LoopState:
     """What a checkpoint carries beyond adapter and optimizer, for a bit-identical resume: the basis in use (the
-    stage's, or the last refresh's; None for basis-free arms) and the gate."""
+    stage's, or the last refresh's; None for basis-free arms) and the gate; a share-matched control's also v_act's
+    gate (`ref_gate`, None otherwise, so the other arms' checkpoints hold what they held before it existed)."""
 
     basis: Basis | None
     gate: GateState
+    ref_gate: GateState | None = None
 
     def to_checkpoint(self) -> dict:
         out = {"gate": self.gate.checkpoint()}
+        if self.ref_gate is not None:
+            out["ref_gate"] = self.ref_gate.checkpoint()
         if self.basis is not None:
             b = self.basis.to("cpu")  # a checkpoint resumes on any device
             out["basis"] = {"vh": b.vh, "nu": b.nu, "meta": b.meta, "v_act": b.v_act}
@@ -214,7 +231,8 @@ class LoopState:
         if "basis" in d:
             sb = d["basis"]
             basis = Basis(vh=sb["vh"], nu=sb["nu"], meta=sb["meta"], v_act=sb["v_act"])
-        return cls(basis, GateState.from_checkpoint(d["gate"]) if "gate" in d else GateState())
+        ref = GateState.from_checkpoint(d["ref_gate"]) if "ref_gate" in d else None
+        return cls(basis, GateState.from_checkpoint(d["gate"]) if "gate" in d else GateState(), ref)
 
 
 class Direction:
@@ -246,6 +264,11 @@ class Direction:
         self.state = LoopState(cur, GateState()) if state is None else LoopState.from_checkpoint(state, cur)
         if self.state.basis is not None:
             self.state.basis = self.state.basis.to(device)
+        # a share-matched control counts with v_act's gate: the same basis with v_act in place of its random one
+        self.ref = None
+        if share_matched(p, arm):
+            self.ref = Basis(vh=cur.vh, nu=cur.nu, meta=cur.meta, v_act=rb.ref_act.v_act).to(device)
+            self.state.ref_gate = self.state.ref_gate or GateState()
         self._derive()
 
     @property
@@ -301,6 +324,22 @@ class Direction:
                     self.own_tokens,
                     mb,
                 )
+                if self.ref is not None:  # v_act's own thresholds, from the same pairs at the same parameters
+                    self.state.ref_gate.calibrate(
+                        step,
+                        f"{self.label} (v_act's gate, which it counts with)",
+                        model,
+                        tok,
+                        self.rb.cal,
+                        arm.gate,
+                        self.ref,
+                        self.kept,
+                        pj,
+                        temperature,
+                        self.act_layer,
+                        self.own_tokens,
+                        mb,
+                    )
         return refreshed
 
     def checkpoint(self) -> dict:

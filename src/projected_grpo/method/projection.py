@@ -374,6 +374,24 @@ def gate_quality(s_hack: Tensor, s_clean: Tensor, tau_lo: float, tau_hi: float, 
     return {"precision": prec, "recall": rec, "f05": f05}
 
 
+def share_matched_gate(s: Tensor, s_ref: Tensor, adv: Tensor, tau_ref: float, eligible: Tensor) -> Tensor:
+    """(N,) a control's scores, (N,) the real direction's scores of the same rollouts, (N,) advantages, (N,) bool rows
+    the gate may route -> (N,) 0/1 gates that route as many rows as the real direction's tail gate would
+    (`band_gate(s_ref, adv, ·, tau_ref, "tail")` over the eligible rows), namely the top ones by `s` among the eligible
+    rows with A_n != 0 (ties: the lower row).
+
+    Why: a calibrated tail routes a share that is not a property of the direction's held-out calibration (on the
+    organism v_act's tail routed 38% of live rollouts and the same calibrated tail on a random direction 2.7%), so a
+    control with its own threshold is matched neither in what it routes nor in how much it moves. This one differs
+    from the real gate only in which rollouts it picks."""
+    ok = eligible & (adv != 0)
+    k = int((band_gate(s_ref, adv, tau_ref, tau_ref, "tail").bool() & ok).sum())
+    order = torch.argsort(torch.where(ok, s.double(), -math.inf), descending=True, stable=True)
+    m = torch.zeros_like(s)
+    m[order[:k]] = 1
+    return m
+
+
 # --- clipping (per parameter group, method.md §3.6) ---------------------------------------------------------------
 
 

@@ -476,7 +476,8 @@ def live_gates(
     An oracle arm's per-rollout gate is instead `hack` ((N,) bool, the grader's label: an upper bound that reads
     ground truth on purpose); its live scores are still the calibrated gate's, for the diagnostic. Rows from n_on on
     (deploy groups, knob off) get gate 0, so their gradient reaches the main only, unless projection.deploy_gate: then
-    they are gated as the others, on their scores in the knob-off state they were sampled in."""
+    they are gated as the others, on their scores in the knob-off state they were sampled in. A share-matched control
+    routes as many rows as v_act's calibrated tail would on the same batch, the top ones by its own score."""
     m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
@@ -485,6 +486,11 @@ def live_gates(
         else:  # s_n = cos(sign(A_n) g_n, ν)
             live = proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)
         m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
+        if d.ref is not None:  # share-matched control: as many rows as v_act's tail routes, the top by its own score
+            rows = torch.arange(len(adv), device=adv.device)
+            ok = torch.ones_like(rows, dtype=torch.bool) if pj.deploy_gate else rows < n_on
+            s_ref = gr.pooled.float() @ d.ref.v_act.float()
+            m_gate = proj.share_matched_gate(live, s_ref, adv, d.state.ref_gate.tau[1], ok)
         if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
             m_gate = torch.where(adv == 0, 0.0, hack.to(m_gate))
     elif arm.gate == "token" and d.kept:
