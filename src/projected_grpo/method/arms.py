@@ -140,7 +140,13 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "mr_is": (_MR, _IS),
     "act_mr_is": _ACT_MR_IS,
     # the same with only the calibrated top tail routed: no ambiguous rows, so the main trains knob off on every row
-    # it trains on (act_mr_is's soft band routed 76-81% of rollouts at least in part, the ambiguous ones knob on)
+    # it trains on (act_mr_is's soft band routed 76-81% of rollouts at least in part, the ambiguous ones knob on).
+    # Measured, 3 seeds with its share-matched control (Arm.share_matched; its own calibrated tail routed 2.7%): the
+    # tail routes 31-38% of rollouts (held-out precision 0.95-0.96, live AUROC 0.78-0.82) and cuts deploy hack by
+    # 34.7 points [25.1, 44.3], but misses the deploy targets (format 86.1 / 87.4 / 91.2, solve 18.5 / 22.7 / 18.9;
+    # Δ solve -7.4 [-12.6, -2.3]); the control, routing as many rollouts picked by a random direction (23-42%), cuts
+    # 27.4 [9.3, 45.6]: most of the cut comes from routing a third of the rollouts into a deleted knob, and the
+    # direction's part, -7.3 [-28.7, 14.1], is not established. Fails the win rule's (b), (c) (format -7.1) and (d)
     "act_mr_is_tail": (*_ACT_MR_IS, _TAIL),
     # act_mr_is then a retain heal (knob off, main only) on the clean extraction completions: act_mr_is kept the
     # knob-on format (93-95%) but lost it deployed (59-84%); measured, 3 seeds: the heal moved deploy format by +2.1,
