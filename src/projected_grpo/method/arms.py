@@ -230,7 +230,13 @@ def _registry() -> dict[str, Arm]:
     # separates "the gate fails" from "the routing mechanics fail"
     for edit in ("route_per_rollout", "route_two_sided", "route_full", "route_masked"):
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
-    for edit, gate in (("route_per_rollout", "rollout"), ("route_per_token", "token")):  # the act gate (v_act)
+    # the act gate (v_act). route_per_token_act measured, 3 seeds with its control: deleting the knob leaves no
+    # formatted answer (deploy format 0.0 / 0.0 / 0.0, its control's 10.5 / 16.8 / 8.8; knob on 95.0 / 93.3 / 95.4):
+    # per-token routing has no forward masks, so it samples and trains knob on and the main drifts along the basis
+    # opposite the knob (mean component +3.5 to +3.7 against the knob's -3.7 to -3.8), as route_per_rollout's did.
+    # Its gate separates (held-out AUROC 0.76, live 0.61-0.63; the control's 0.44-0.46) but knob on it hacks as much
+    # as measure_only (53.0 / 58.7 / 61.6); fails (b)-(d)
+    for edit, gate in (("route_per_rollout", "rollout"), ("route_per_token", "token")):
         name, kw = f"{edit}_act", {"gate": gate, "family": ROUTE, "overrides": (("basis.space", "act"),)}
         arms.append(Arm(name, edit, control=f"{name}_random", **kw))  # controls matched as their rule's are:
         arms.append(Arm(f"{name}_random", edit, random_dir=True, mass_matched=gate == "rollout", **kw))
