@@ -309,30 +309,18 @@ class Direction:
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
         if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):
             with timer("gate_calibration"):
-                self.gate.calibrate(
-                    step,
-                    self.label,
-                    model,
-                    tok,
-                    self.rb.cal,
-                    arm.gate,
-                    self.cur,
-                    self.kept,
-                    pj,
-                    temperature,
-                    self.act_layer,
-                    self.own_tokens,
-                    mb,
-                )
-                if self.ref is not None:  # v_act's own thresholds, from the same pairs at the same parameters
-                    self.state.ref_gate.calibrate(
+                gates = [(self.gate, self.label, self.cur)]
+                if self.ref is not None:  # v_act's own thresholds too, from the same pairs at the same parameters
+                    gates.append((self.state.ref_gate, f"{self.label} (v_act's gate, which it counts with)", self.ref))
+                for gate, where, basis in gates:
+                    gate.calibrate(
                         step,
-                        f"{self.label} (v_act's gate, which it counts with)",
+                        where,
                         model,
                         tok,
                         self.rb.cal,
                         arm.gate,
-                        self.ref,
+                        basis,
                         self.kept,
                         pj,
                         temperature,
