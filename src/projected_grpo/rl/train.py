@@ -485,12 +485,13 @@ def live_gates(
             live = gr.pooled.float() @ d.cur.v_act.float()
         else:  # s_n = cos(sign(A_n) g_n, ν)
             live = proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)
-        m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
         if d.ref is not None:  # share-matched control: as many rows as v_act's tail routes, the top by its own score
             rows = torch.arange(len(adv), device=adv.device)
             ok = torch.ones_like(rows, dtype=torch.bool) if pj.deploy_gate else rows < n_on
             s_ref = gr.pooled.float() @ d.ref.v_act.float()
             m_gate = proj.share_matched_gate(live, s_ref, adv, d.state.ref_gate.tau[1], ok)
+        else:
+            m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
         if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
             m_gate = torch.where(adv == 0, 0.0, hack.to(m_gate))
     elif arm.gate == "token" and d.kept:
