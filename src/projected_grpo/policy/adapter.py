@@ -94,9 +94,9 @@ class Adapter(nn.Module):
     def coefficients(self) -> tuple[Tensor, Tensor]:
         """(δS, δS_h), (D,) each; under `row_masks` per row, (N, 1, D) each: row n runs with δS (its gradient
         reaching δS only where row_main is 1, else δS detached) plus δS_h where row_knob is 1 (and trains it), none
-        elsewhere."""
-        if self.row_main is None:
-            return self.delta, self.knob
+        elsewhere; under `knob_rows` δS (D,) and δS_h per row (N, 1, D)."""
+        if self.row_main is None:  # sampling (`knob_rows`): δS for every row, δS_h where row_knob is 1
+            return self.delta, self.knob if self.row_knob is None else self.row_knob[:, None, None] * self.knob
         d = self.delta.detach()
         main, knob = self.row_main[:, None, None].to(d.dtype), self.row_knob[:, None, None].to(d.dtype)
         return d + main * (self.delta - d), knob * self.knob  # (N, 1, D) each
@@ -448,6 +448,23 @@ def row_masks(model: nn.Module, main: Tensor, knob: Tensor) -> Iterator[None]:
     saved = [(a.row_main, a.row_knob) for a in ads]
     for a in ads:
         a.row_main, a.row_knob = main, knob
+    try:
+        yield
+    finally:
+        for a, (m, k) in zip(ads, saved):
+            a.row_main, a.row_knob = m, k
+
+
+@contextmanager
+def knob_rows(model: nn.Module, knob: Tensor) -> Iterator[None]:
+    """Per-row knob for the forwards of N rows inside (sampling, no gradient routing): row n runs with δS + δS_h
+    where knob[n] = 1 and with δS alone (the deployed policy) where it is 0. knob (N,) is read as a tensor, so a
+    captured CUDA graph (`decode`) follows later writes to it. Equal to running the knob-on rows as the adapters stand
+    and the knob-off rows under `knob_disabled`, up to float rounding (a per-row product instead of a shared one)."""
+    ads = list(adapters(model).values())
+    saved = [(a.row_main, a.row_knob) for a in ads]
+    for a in ads:
+        a.row_main, a.row_knob = None, knob.to(a.knob.dtype)
     try:
         yield
     finally:

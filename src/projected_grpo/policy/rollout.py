@@ -20,7 +20,7 @@ draw's frequencies against the probabilities.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +30,8 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
+from projected_grpo.policy.adapter import adapters
+from projected_grpo.policy.decode import sample_static, static_supported
 from projected_grpo.policy.model import render_prompt
 
 
@@ -159,10 +161,11 @@ def generate(
     batch_size: int | None = None,
     max_prompt_tokens: int | None = None,
     use_cache: bool = True,
-    engine: str = "shared",
+    engine: str = "auto",
     draw: str = "inverse_cdf",
     progress: bool = False,
     on_chunk: Callable[[int, list[str]], None] | None = None,
+    knob: Sequence[bool] | None = None,
 ) -> Rollout:
     """Sample `group_size` completions per rendered prompt string; B = len(prompt_texts)·group_size rows.
 
@@ -177,25 +180,39 @@ def generate(
         max_prompt_tokens: optional cap; a longer prompt raises ValueError (as does one that leaves fewer than
             max_new_tokens of the model's positions).
         use_cache: KV cache on (default); off only for benchmarking (engine="hf").
-        engine: "shared" (`sample_chunk`: shared prefill, finished rows dropped) or "hf" (`model.generate`, the
-            reference it matches token for token with draw="multinomial").
+        engine: "shared" (`sample_chunk`: shared prefill, finished rows dropped), "static" (`decode.sample_static`:
+            the same sampling from a static KV cache, the decode step a CUDA graph on a GPU), "hf" (`model.generate`,
+            the reference "shared" matches token for token with draw="multinomial") or "auto" (the default: "static"
+            on CUDA, "shared" elsewhere, so the CPU path is unchanged).
         draw: how the shared engine draws a token: "inverse_cdf" (one uniform per row; the default) or "multinomial"
             (HF's call, V exponentials per row).
         progress: a progress bar over the batch_size chunks (long generations: the pool, evaluations).
         on_chunk: called as on_chunk(first_row, texts) as soon as a chunk is sampled, with the decoded texts of its
             rows (the same strings as the returned `texts`), e.g. to grade them while the next chunk samples.
+        knob: per prompt, True to sample its group with the knob δS_h on, False with it off (the deployed policy),
+            in one call (engine "static" only; the adapters must be attached, not `merged`). None: every row as the
+            adapters stand.
     """
-    if engine not in ("shared", "hf"):
-        raise ValueError(f"engine must be 'shared' or 'hf', got {engine!r}")
+    device = next(model.parameters()).device
+    if engine == "auto":
+        engine = "static" if device.type == "cuda" and static_supported(model) else "shared"
+    if engine not in ("shared", "hf", "static"):
+        raise ValueError(f"engine must be 'auto', 'shared', 'static' or 'hf', got {engine!r}")
+    if engine == "static" and not static_supported(model):
+        raise ValueError("engine='static' needs full-attention decoder layers (no sliding windows); use 'shared'")
+    if knob is not None and (engine != "static" or len(knob) != len(prompt_texts) or not adapters(model)):
+        raise ValueError(
+            f"knob needs engine='static' (got {engine!r}), one flag per prompt ({len(knob)} for "
+            f"{len(prompt_texts)} prompts) and attached adapters"
+        )
     if draw not in DRAWS:
         raise ValueError(f"draw must be one of {sorted(DRAWS)}, got {draw!r}")
-    if engine == "shared" and not use_cache:
+    if engine != "hf" and not use_cache:
         raise ValueError("use_cache=False is a benchmark of HF generate: pass engine='hf'")
     if group_size < 1 or max_new_tokens < 1:
         raise ValueError(f"group_size ({group_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
-    device = next(model.parameters()).device
 
     # --- tokenize + length guard (the chat template already placed every special token) ---
     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts]
@@ -229,6 +246,7 @@ def generate(
 
     # --- sample, chunk by chunk; one seeded RNG stream across chunks, global state restored after ---
     bs = batch_size or B
+    knob_row = None if knob is None else torch.tensor([bool(k) for k in knob for _ in range(group_size)])  # (B,)
     chunks: list[Tensor] = []  # each (b, T_chunk)
     fork_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
@@ -240,6 +258,10 @@ def generate(
             if engine == "hf":
                 out = model.generate(input_ids=ids, attention_mask=am, generation_config=gen_cfg)  # (b, Tp' + T_c)
                 chunks.append(out[:, ids.shape[1] :].cpu())
+            elif engine == "static":
+                args = (eos_ids, pad_id, max_new_tokens, temperature, top_p, draw)
+                kn = None if knob is None else knob_row[s : s + bs].to(device)
+                chunks.append(sample_static(model, ids, am, *args, knob=kn).cpu())
             else:
                 args = (eos_ids, pad_id, max_new_tokens, temperature, top_p, draw)
                 chunks.append(sample_chunk(model, ids, am, *args).cpu())

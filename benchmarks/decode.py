@@ -1,0 +1,299 @@
+"""The sampler's decode step on a GPU at Qwen3-4B's shape, today's engine against the static one (issue 47).
+
+One call does, in order, writing the results JSON after each part (a call cut off by its time limit keeps the rest):
+* `bandwidth`: a device-to-device copy (bytes read + written per second), for the bound below;
+* `decode`: for 64, 128 and 256 rows, `rollout.generate` on the Qwen3-4B-shaped model (random bf16 weights, the SVD
+  adapter r 64 on all 252 projections, as gpu_smoke builds it) with engine "shared" (today's path: eager decode
+  over a growing cache) and "static" (decode.py: static cache, CUDA graphs), each for T0 and T1 new tokens on the
+  same prompts (P tokens each; random weights never say EOS, so every row decodes every step). A decode step is
+  (t(T1) − t(T0)) / (T1 − T0): prefill and the static engine's graph captures cancel (both runs cross the same cache
+  widths). Beside it the bandwidth bound: the bf16 weights plus the live KV cache at the mean context, read once
+  per step at the measured copy bandwidth. Greedy tokens of the two engines are compared on the first rows.
+* `step`: one GRPO step of `train()` at the override set's batch (16 prompts × 16 completions, 1536 new tokens), as
+  gpu_smoke's shape part runs it, with its peak GPU memory against train()'s own pre-flight estimate, and a 200-step
+  run's wall time estimated as 200 × that step.
+
+  python benchmarks/decode.py --out /tmp/decode.json                                # on the GPU machine (~5 min)
+  python benchmarks/decode.py --out /tmp/cpu.json --device cpu --layers 2 --small \\
+      --rows 4 --t0 2 --t1 6 --prompt-tokens 40 --step vanilla:2x2x8:2                 # this script's code path, here
+  python benchmarks/decode.py --render /tmp/decode.json                              # reports/bench/gpu_decode.md
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import typer
+from harness import ROOT, short_commit
+
+
+def bandwidth(device: str) -> float | None:
+    """Device-to-device copy bandwidth in bytes/s (read + written), the best of 5 copies of 2 GiB."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    x = torch.empty(2**30, dtype=torch.bfloat16, device=device)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        y.copy_(x)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del x, y
+    return 2 * 2**31 / best
+
+
+def prompts_of(tok, n_tokens: int, n: int) -> list[str]:
+    """n distinct prompt strings of n_tokens tokens each under the tiny tokenizer (its ids stand in for Qwen's)."""
+    base = tok("def f(self, nums): return sum(nums) ", add_special_tokens=False)["input_ids"]
+    out = []
+    for i in range(n):
+        ids = [(base[(j + i) % len(base)]) for j in range(n_tokens)]
+        out.append(tok.decode(ids))
+    return out
+
+
+def time_generate(model, tok, prompts, rows: int, new_tokens: int, engine: str, sync) -> tuple[float, object]:
+    from projected_grpo.policy.rollout import generate
+
+    sync()
+    t0 = time.perf_counter()
+    ro = generate(
+        model,
+        tok,
+        prompts,
+        group_size=rows // len(prompts),
+        max_new_tokens=new_tokens,
+        temperature=0.7,
+        top_p=1.0,
+        seed=0,
+        engine=engine,
+    )
+    sync()
+    return time.perf_counter() - t0, ro
+
+
+def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tokens: int, bw, save) -> dict:
+    import torch
+
+    from projected_grpo.policy.rollout import generate
+
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    cfg = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2  # bf16 K and V
+    out = {"weights_bytes": weights, "kv_bytes_per_token": kv_per_token, "rows": {}}
+    for rows in rows_list:
+        res: dict = {}
+        n_prompts = max(1, rows // 16)  # groups of 16 completions, as the override set samples them
+        prompts = prompts_of(tok, prompt_tokens, n_prompts)
+        for engine in ("shared", "static"):
+            try:
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                ta, _ = time_generate(model, tok, prompts, rows, t0, engine, sync)
+                tb, ro = time_generate(model, tok, prompts, rows, t1, engine, sync)
+                steps = int(ro.mask.sum(-1).max()) - t0
+                res[engine] = {
+                    "t0_s": round(ta, 3),
+                    "t1_s": round(tb, 3),
+                    "step_ms": round(1000 * (tb - ta) / max(steps, 1), 2),
+                    "decoded_all": bool((ro.mask.sum(-1) == t1).all()),
+                    "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                }
+            except Exception:
+                res[engine] = {"error": traceback.format_exc()[-3000:]}
+            print(rows, engine, json.dumps(res[engine])[:600], flush=True)
+        ctx = prompt_tokens + (t0 + t1) / 2
+        res["context_tokens"] = ctx
+        if bw:
+            res["bound_ms"] = round(1000 * (weights + rows * ctx * kv_per_token) / bw, 2)
+        if "step_ms" in res.get("shared", {}) and "step_ms" in res.get("static", {}):
+            res["speedup"] = round(res["shared"]["step_ms"] / res["static"]["step_ms"], 2)
+        out["rows"][str(rows)] = res
+        save(out)
+    try:  # greedy agreement at this shape (bf16: rounding may split near-ties, so it is reported, not asserted)
+        prompts = prompts_of(tok, prompt_tokens, 2)
+        args = dict(group_size=1, max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0)
+        a = generate(model, tok, prompts, engine="shared", **args).completion_ids
+        b = generate(model, tok, prompts, engine="static", **args).completion_ids
+        first = [int((x != y).nonzero()[0]) if bool((x != y).any()) else len(x) for x, y in zip(a, b)]
+        out["greedy_first_difference"] = first  # per row: the first position the engines differ (16: none)
+    except Exception:
+        out["greedy_error"] = traceback.format_exc()[-2000:]
+    return out
+
+
+def main(
+    out: Path = typer.Option(None, help="Results JSON to write."),
+    device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
+    layers: int = typer.Option(36, help="Decoder layers (Qwen3-4B has 36)."),
+    small: bool = typer.Option(False, help="Width 256 (vocab still 151936): a quick CPU check."),
+    rows: str = typer.Option("64,128,256", help="Decode batch sizes, comma-separated."),
+    t0: int = typer.Option(16, help="New tokens of the shorter run."),
+    t1: int = typer.Option(80, help="New tokens of the longer run."),
+    prompt_tokens: int = typer.Option(1200, help="Prompt tokens per row (the mean context is this + (t0+t1)/2)."),
+    step: str = typer.Option(
+        "vanilla:16x16x1536:8:ckpt", help="GRPO steps of gpu_smoke's shape part ('' for none): arm:BxGxT:micro[:ckpt]"
+    ),
+    render_from: Path = typer.Option(None, "--render", help="Write --report from this results JSON, run nothing."),
+    report: Path = typer.Option(ROOT / "reports/bench/gpu_decode.md", help="Markdown report of --render."),
+) -> None:
+    if render_from is not None:
+        report.write_text(render(json.loads(render_from.read_text()), str(render_from)))
+        return
+    if out is None:
+        raise typer.BadParameter("give --out (where the results JSON goes) or --render")
+    import torch
+    from gpu_smoke import parse_runs, part_shape, shape_model
+
+    from projected_grpo.policy.adapter import attach_adapters
+
+    res: dict = {"machine": platform.node(), "torch": torch.__version__, "commit": short_commit(ROOT)}
+    res["device"] = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu"
+    res["args"] = dict(layers=layers, small=small, rows=rows, t0=t0, t1=t1, prompt_tokens=prompt_tokens, step=step)
+    write = lambda: out.write_text(json.dumps(res, indent=1))  # noqa: E731
+    res["bandwidth_Bps"] = bandwidth(device)
+    t = time.perf_counter()
+    model, tok = shape_model(device, layers, small)
+    attach_adapters(model, "all", 64, "svd")
+    res["build_s"] = round(time.perf_counter() - t, 1)
+    write()
+    try:
+        res["decode"] = part_decode(
+            model,
+            tok,
+            device,
+            [int(r) for r in rows.split(",")],
+            t0,
+            t1,
+            prompt_tokens,
+            res["bandwidth_Bps"],
+            lambda d: (res.__setitem__("decode", d), write()),
+        )
+    except Exception:
+        res["decode"] = {"error": traceback.format_exc()[-3000:]}
+        print(res["decode"]["error"], flush=True)
+    write()
+    del model
+    if step:
+        sys.path.insert(0, str(ROOT))
+        from tests.test_device import CHAIN, tiny_chain
+
+        work = Path(tempfile.mkdtemp(prefix="decode_"))
+        try:
+            tiny_chain(work / "tiny", device, "bfloat16", CHAIN[:1], minileet={"n_train": 64})
+            save = lambda sh: (res.__setitem__("step", sh), write())  # noqa: E731
+            res["step"] = part_shape(work, work / "tiny", parse_runs(step), device, layers, small, save)
+        except Exception:
+            res["step"] = {"error": traceback.format_exc()[-4000:]}
+            print(res["step"]["error"], flush=True)
+    write()
+
+
+def render(res: dict, source: str) -> str:
+    """reports/bench/gpu_decode.md from a results JSON."""
+    dec = res.get("decode", {})
+    lines = [
+        "# The sampler's decode step on a GPU at Qwen3-4B's shape (issue 47)",
+        "",
+        f"Re-run (on a CUDA machine, ~5 min): `python benchmarks/decode.py --out {source}`, then here "
+        f"`python benchmarks/decode.py --render {source}`. Source: `{source}`.",
+        "",
+        f"Ran on {res['device']} (torch {res['torch']}) at commit {res['commit']}; one run of each cell (n = 1: the "
+        "lent machine's time is scarce), so a time is one measurement, not a distribution.",
+        "",
+    ]
+    rows = dec.get("rows", {})
+    r128 = rows.get("128", {})
+    if "step_ms" in r128.get("static", {}) and "step_ms" in r128.get("shared", {}):
+        lines.append(
+            f"decode step at 128 rows: {r128['static']['step_ms']:.1f} ms (today's path "
+            f"{r128['shared']['step_ms']:.1f} ms)"
+        )
+    runs = res.get("step", {}).get("runs", {})
+    for r in runs.values():
+        if "step_s" in r:
+            lines.append(
+                f"200-step run of the override set: {200 * r['step_s'] / 3600:.1f} h (estimated from the measured "
+                f"step: {r['step_s']} s)"
+            )
+    lines += ["", "## Decode step", ""]
+    if "error" in dec:
+        lines += ["Failed:", "", "```", dec["error"][-1500:], "```", ""]
+    elif rows:
+        a = res["args"]
+        bw = res.get("bandwidth_Bps")
+        lines += [
+            f"`rollout.generate` on Qwen3-4B's shape (random bf16 weights, the SVD adapter r 64 on all 252 "
+            f"projections), {a['prompt_tokens']}-token prompts in groups of 16, temperature 0.7; ms per decode step "
+            f"= (t({a['t1']} new tokens) − t({a['t0']})) / {a['t1'] - a['t0']}, so each step reads a KV cache of "
+            f"{a['prompt_tokens'] + a['t0']}–{a['prompt_tokens'] + a['t1']} tokens per row. The bound: the weights "
+            f"({dec['weights_bytes'] / 2**30:.2f} GiB) and the live KV cache at the mean context "
+            f"({dec['kv_bytes_per_token'] / 1e3:.0f} KB per token) read once per step at the measured copy "
+            f"bandwidth ({bw / 1e12:.2f} TB/s, read + written)."
+            if bw
+            else "",
+            "",
+            "| rows | today's path (ms/step) | static + CUDA graphs (ms/step) | speed-up | bandwidth bound (ms) "
+            "| static / bound | peak GiB (today / static) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for n, r in rows.items():
+            sh, st = r.get("shared", {}), r.get("static", {})
+            cell = lambda x: f"{x['step_ms']:.1f}" if "step_ms" in x else "failed"  # noqa: E731
+            ratio = f"{st['step_ms'] / r['bound_ms']:.1f}" if "step_ms" in st and r.get("bound_ms") else "n/a"
+            lines.append(
+                f"| {n} | {cell(sh)} | {cell(st)} | {r.get('speedup', 'n/a')} | {r.get('bound_ms', 'n/a')} | {ratio} "
+                f"| {sh.get('peak_gib')} / {st.get('peak_gib')} |"
+            )
+        if "greedy_first_difference" in dec:
+            lines += [
+                "",
+                f"Greedy decoding, 16 tokens on 2 rows, both engines in bf16: first differing position per row "
+                f"{dec['greedy_first_difference']} (16 = identical). The CPU tests (tests/test_decode.py) check "
+                "token identity in fp32, where both engines compute the same sums up to order.",
+            ]
+        for n, r in rows.items():
+            for eng in ("shared", "static"):
+                if "error" in r.get(eng, {}):
+                    lines += ["", f"{eng} at {n} rows failed:", "", "```", r[eng]["error"][-1200:], "```"]
+    lines += ["", "## The override set's full step", ""]
+    st = res.get("step", {})
+    if "error" in st:
+        lines += ["Failed:", "", "```", st["error"][-1500:], "```"]
+    for label, r in runs.items():
+        if "step_s" not in r:
+            lines += [f"{label}: failed", "", "```", r.get("error", "?")[-1500:], "```"]
+            continue
+        ph = {k: float(v) for k, v in r["phases_s"].items()}
+        lines += [
+            f"One GRPO step of `train()` on params-qwen3-4b.yaml, {label} (gpu_smoke's shape part; random weights: "
+            "every completion runs the whole budget, the worst case for time and memory).",
+            "",
+            "| step (s) | sample | ref forward | forward | backward | peak GPU memory (GiB) "
+            "| pre-flight estimate (GiB) |",
+            "|---|---|---|---|---|---|---|",
+            f"| {r['step_s']} | {ph['t_sample']:.1f} | {ph['t_ref_forward']:.1f} | {ph['t_forward']:.1f} "
+            f"| {ph['t_backward']:.1f} | {r['peak_gib']} | {r.get('estimate_gib', 'n/a')} |",
+            "",
+            f"Pre-flight: {r.get('estimate_text', '')}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    typer.run(main)
