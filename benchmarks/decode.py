@@ -112,12 +112,13 @@ def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tok
                     "t1_s": round(tb, 3),
                     "step_ms": round(1000 * (tb - ta) / max(steps, 1), 2),
                     "decoded_all": bool((ro.mask.sum(-1) == t1).all()),
+                    "prompt_width": ro.prompt_ids.shape[1],
                     "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                 }
             except Exception:
                 res[engine] = {"error": traceback.format_exc()[-3000:]}
             print(rows, engine, json.dumps(res[engine])[:600], flush=True)
-        ctx = prompt_tokens + (t0 + t1) / 2
+        ctx = res.get("static", res["shared"]).get("prompt_width", prompt_tokens) + (t0 + t1) / 2
         res["context_tokens"] = ctx
         if bw:
             res["bound_ms"] = round(1000 * (weights + rows * ctx * kv_per_token) / bw, 2)
