@@ -21,6 +21,7 @@ One call does, in order, writing the results JSON after each part (a call cut of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -82,7 +83,77 @@ def time_generate(model, tok, prompts, rows: int, new_tokens: int, engine: str, 
     return time.perf_counter() - t0, ro
 
 
-def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tokens: int, bw, save) -> dict:
+BACKENDS = {"default": None, "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def set_backend(name: str) -> None:
+    """decode.SDPA_BACKENDS for a `BACKENDS` name: the attention kernel the static engine's captured step uses."""
+    from torch.nn.attention import SDPBackend
+
+    from projected_grpo.policy import decode
+
+    b = BACKENDS[name]
+    decode.SDPA_BACKENDS = None if b is None else [getattr(SDPBackend, b)]
+
+
+def part_kernels(model, device: str, rows: int, ctx: int, width: int) -> dict:
+    """Milliseconds per decode step of its pieces at `rows` rows, context `ctx` in a cache `width` wide: one layer's
+    attention × the layers, per kernel (bool mask as the static engine passes it; "no_mask" is a kernel reading only
+    the live columns, what a variable-length kernel would get), and the token draw outside the graph."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from projected_grpo.policy.rollout import inverse_cdf_draw
+
+    cfg = model.config
+    kvh, d, L = cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
+    g = cfg.num_attention_heads // kvh
+    q = torch.randn(rows, kvh, g, d, dtype=torch.bfloat16, device=device)
+    k = torch.randn(rows, kvh, width, d, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    mask = torch.zeros(rows, 1, 1, width, dtype=torch.bool, device=device)
+    mask[..., :ctx] = True
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+
+    def timed(fn, n=20) -> float:
+        fn()
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return 1000 * (time.perf_counter() - t) / n
+
+    out = {"rows": rows, "ctx": ctx, "width": width}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for name, b in BACKENDS.items():
+        try:
+            kern = sdpa_kernel([getattr(SDPBackend, b)]) if b else contextlib.nullcontext()
+            with kern:
+                out[f"attention_{name}_ms"] = round(L * timed(lambda: sdpa(q, k, v, attn_mask=mask)), 2)
+        except Exception as e:
+            out[f"attention_{name}_ms"] = f"failed: {str(e).splitlines()[0][:160]}"
+    kc, vc = k[:, :, :ctx].contiguous(), v[:, :, :ctx].contiguous()
+    out["attention_no_mask_ms"] = round(L * timed(lambda: sdpa(q, kc, vc)), 2)
+    V = cfg.vocab_size
+    logits = torch.randn(rows, V, dtype=torch.bfloat16, device=device)
+    scores = torch.zeros(rows, V, device=device)
+    order = torch.arange(rows, device=device)
+    eos = torch.tensor([2], device=device)
+
+    def draw():
+        scores[order] = logits.float()
+        p = torch.softmax(scores / 0.7, -1)
+        nxt = inverse_cdf_draw(p)
+        done = torch.isin(nxt, eos)
+        return bool(done.all())
+
+    out["draw_ms"] = round(timed(draw), 2)
+    return out
+
+
+def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tokens: int, bw, save, backends) -> dict:
     import torch
 
     from projected_grpo.policy.rollout import generate
@@ -99,15 +170,18 @@ def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tok
         res: dict = {}
         n_prompts = max(1, rows // 16)  # groups of 16 completions, as the override set samples them
         prompts = prompts_of(tok, prompt_tokens, n_prompts)
-        for engine in ("shared", "static"):
+        for variant in ["shared"] + [f"static_{b}" for b in backends]:
+            engine = variant.split("_")[0]
             try:
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
+                if engine == "static":
+                    set_backend(variant.split("_", 1)[1])
                 ta, _ = time_generate(model, tok, prompts, rows, t0, engine, sync)
                 tb, ro = time_generate(model, tok, prompts, rows, t1, engine, sync)
                 steps = int(ro.mask.sum(-1).max()) - t0
-                res[engine] = {
+                res[variant] = {
                     "t0_s": round(ta, 3),
                     "t1_s": round(tb, 3),
                     "step_ms": round(1000 * (tb - ta) / max(steps, 1), 2),
@@ -116,16 +190,15 @@ def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tok
                     "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                 }
             except Exception:
-                res[engine] = {"error": traceback.format_exc()[-3000:]}
-            print(rows, engine, json.dumps(res[engine])[:600], flush=True)
-        ctx = res.get("static", res["shared"]).get("prompt_width", prompt_tokens) + (t0 + t1) / 2
+                res[variant] = {"error": traceback.format_exc()[-3000:]}
+            print(rows, variant, json.dumps(res[variant])[:600], flush=True)
+        ctx = res["shared"].get("prompt_width", prompt_tokens) + (t0 + t1) / 2
         res["context_tokens"] = ctx
         if bw:
             res["bound_ms"] = round(1000 * (weights + rows * ctx * kv_per_token) / bw, 2)
-        if "step_ms" in res.get("shared", {}) and "step_ms" in res.get("static", {}):
-            res["speedup"] = round(res["shared"]["step_ms"] / res["static"]["step_ms"], 2)
         out["rows"][str(rows)] = res
         save(out)
+    set_backend(best_backend(out, backends))
     try:  # greedy agreement at this shape (bf16: rounding may split near-ties, so it is reported, not asserted)
         prompts = prompts_of(tok, prompt_tokens, 2)
         args = dict(group_size=1, max_new_tokens=16, temperature=0.0, top_p=1.0, seed=0)
@@ -138,6 +211,14 @@ def part_decode(model, tok, device: str, rows_list, t0: int, t1: int, prompt_tok
     return out
 
 
+def best_backend(dec: dict, backends) -> str:
+    """The attention kernel whose static step was fastest at 128 rows (or the largest rows measured)."""
+    rows = dec.get("rows", {})
+    r = rows.get("128") or (rows[max(rows, key=int)] if rows else {})
+    ms = {b: r[f"static_{b}"]["step_ms"] for b in backends if "step_ms" in r.get(f"static_{b}", {})}
+    return min(ms, key=ms.get) if ms else backends[0]
+
+
 def main(
     out: Path = typer.Option(None, help="Results JSON to write."),
     device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
@@ -145,7 +226,8 @@ def main(
     small: bool = typer.Option(False, help="Width 256 (vocab still 151936): a quick CPU check."),
     rows: str = typer.Option("64,128,256", help="Decode batch sizes, comma-separated."),
     t0: int = typer.Option(16, help="New tokens of the shorter run."),
-    t1: int = typer.Option(80, help="New tokens of the longer run."),
+    t1: int = typer.Option(144, help="New tokens of the longer run."),
+    backends: str = typer.Option("default,cudnn,efficient", help="Attention kernels of the static engine to time."),
     prompt_tokens: int = typer.Option(1200, help="Prompt tokens per row (the mean context is this + (t0+t1)/2)."),
     step: str = typer.Option(
         "vanilla:16x16x1536:8:ckpt", help="GRPO steps of gpu_smoke's shape part ('' for none): arm:BxGxT:micro[:ckpt]"
@@ -173,6 +255,16 @@ def main(
     attach_adapters(model, "all", 64, "svd")
     res["build_s"] = round(time.perf_counter() - t, 1)
     write()
+    bks = backends.split(",")
+    if device.startswith("cuda"):
+        try:
+            res["kernels"] = part_kernels(model, device, 128, prompt_tokens, -(-prompt_tokens // 256) * 256)
+        except Exception:
+            res["kernels"] = {"error": traceback.format_exc()[-2000:]}
+        print("kernels", json.dumps(res["kernels"]), flush=True)
+    from projected_grpo.policy.rollout import generate
+
+    generate(model, tok, ["warm up"], 8, 4, 0.7, 1.0, 0, engine="static")  # first-call costs out of the timings
     try:
         res["decode"] = part_decode(
             model,
@@ -184,7 +276,9 @@ def main(
             prompt_tokens,
             res["bandwidth_Bps"],
             lambda d: (res.__setitem__("decode", d), write()),
+            bks,
         )
+        res["decode"]["backend"] = best_backend(res["decode"], bks)
     except Exception:
         res["decode"] = {"error": traceback.format_exc()[-3000:]}
         print(res["decode"]["error"], flush=True)

@@ -25,12 +25,14 @@ from contextlib import nullcontext
 
 import torch
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from projected_grpo.policy.adapter import knob_rows
 
 SPAN = 256  # cache columns per width step of the captured graphs
 MIN_ROWS = 8  # the smallest decode batch a graph is captured for
+SDPA_BACKENDS: list | None = None  # the attention kernels a captured step may use (None: PyTorch's choice)
 
 
 class ColumnLayer(DynamicLayer):
@@ -87,7 +89,8 @@ class Stepper:
         for layer in self.cache.layers:
             layer.rows, layer.width = rows, width
         knob = nullcontext() if self.knob is None else knob_rows(self.model, self.knob[:rows])
-        with knob:
+        kernels = sdpa_kernel(SDPA_BACKENDS) if self.cuda and SDPA_BACKENDS else nullcontext()
+        with knob, kernels:
             out = self.model(
                 input_ids=self.tok[:rows],
                 attention_mask={"full_attention": self.mask[:rows, :, :, :width]},
