@@ -248,6 +248,7 @@ def main(
     res: dict = {"machine": platform.node(), "torch": torch.__version__, "commit": short_commit(ROOT)}
     res["device"] = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu"
     res["args"] = dict(layers=layers, small=small, rows=rows, t0=t0, t1=t1, prompt_tokens=prompt_tokens, step=step)
+    res["args"]["backends"] = backends
     write = lambda: out.write_text(json.dumps(res, indent=1))  # noqa: E731
     res["bandwidth_Bps"] = bandwidth(device)
     t = time.perf_counter()
@@ -299,85 +300,128 @@ def main(
     write()
 
 
+def headline(res: dict) -> list[str]:
+    """The two lines issue 47 asks for, from a results JSON (empty where the part did not run)."""
+    dec, lines = res.get("decode", {}), []
+    r = dec.get("rows", {}).get("128", {})
+    st, sh = r.get(f"static_{dec.get('backend', 'default')}", {}), r.get("shared", {})
+    if "step_ms" in st and "step_ms" in sh:
+        lines.append(f"decode step at 128 rows: {st['step_ms']:.1f} ms (today's path {sh['step_ms']:.1f} ms)")
+    for run in res.get("step", {}).get("runs", {}).values():
+        if "step_s" in run:
+            lines.append(
+                f"200-step run of the override set: {200 * run['step_s'] / 3600:.1f} h (estimated from the measured "
+                f"step of {run['step_s']} s)"
+            )
+    return lines
+
+
 def render(res: dict, source: str) -> str:
     """reports/bench/gpu_decode.md from a results JSON."""
-    dec = res.get("decode", {})
+    dec, a = res.get("decode", {}), res["args"]
+    rows, best = dec.get("rows", {}), dec.get("backend", "default")
+    bks = sorted(
+        {v.split("_", 1)[1] for r in rows.values() for v in r if v.startswith("static_")}, key=list(BACKENDS).index
+    )
     lines = [
         "# The sampler's decode step on a GPU at Qwen3-4B's shape (issue 47)",
         "",
-        f"Re-run (on a CUDA machine, ~5 min): `python benchmarks/decode.py --out {source}`, then here "
+        f"Re-run (on a CUDA machine, ~6 min): `python benchmarks/decode.py --out {source}`, then here "
         f"`python benchmarks/decode.py --render {source}`. Source: `{source}`.",
         "",
         f"Ran on {res['device']} (torch {res['torch']}) at commit {res['commit']}; one run of each cell (n = 1: the "
         "lent machine's time is scarce), so a time is one measurement, not a distribution.",
         "",
+        *headline(res),
+        "",
+        "## Decode step",
+        "",
     ]
-    rows = dec.get("rows", {})
-    r128 = rows.get("128", {})
-    if "step_ms" in r128.get("static", {}) and "step_ms" in r128.get("shared", {}):
-        lines.append(
-            f"decode step at 128 rows: {r128['static']['step_ms']:.1f} ms (today's path "
-            f"{r128['shared']['step_ms']:.1f} ms)"
-        )
-    runs = res.get("step", {}).get("runs", {})
-    for r in runs.values():
-        if "step_s" in r:
-            lines.append(
-                f"200-step run of the override set: {200 * r['step_s'] / 3600:.1f} h (estimated from the measured "
-                f"step: {r['step_s']} s)"
-            )
-    lines += ["", "## Decode step", ""]
     if "error" in dec:
         lines += ["Failed:", "", "```", dec["error"][-1500:], "```", ""]
     elif rows:
-        a = res["args"]
-        bw = res.get("bandwidth_Bps")
+        bw = res.get("bandwidth_Bps") or float("nan")
+        ctx = next(iter(rows.values()))["context_tokens"]
         lines += [
-            f"`rollout.generate` on Qwen3-4B's shape (random bf16 weights, the SVD adapter r 64 on all 252 "
-            f"projections), {a['prompt_tokens']}-token prompts in groups of 16, temperature 0.7; ms per decode step "
-            f"= (t({a['t1']} new tokens) − t({a['t0']})) / {a['t1'] - a['t0']}, so each step reads a KV cache of "
-            f"{a['prompt_tokens'] + a['t0']}–{a['prompt_tokens'] + a['t1']} tokens per row. The bound: the weights "
-            f"({dec['weights_bytes'] / 2**30:.2f} GiB) and the live KV cache at the mean context "
-            f"({dec['kv_bytes_per_token'] / 1e3:.0f} KB per token) read once per step at the measured copy "
-            f"bandwidth ({bw / 1e12:.2f} TB/s, read + written)."
-            if bw
-            else "",
+            "`rollout.generate` on Qwen3-4B's shape (random bf16 weights, the SVD adapter r 64 on all 252 "
+            f"projections), prompts of {ctx - (a['t0'] + a['t1']) / 2:.0f} tokens in groups of 16, temperature 0.7; "
+            f"ms per decode step = (t({a['t1']} new tokens) − t({a['t0']})) / {a['t1'] - a['t0']}, so the steps read "
+            f"a KV cache of {ctx:.0f} tokens per row on average. Random weights never say EOS: every row decodes "
+            "every step. "
+            'Columns: today\'s path (engine "shared", eager), and the static engine (static KV cache, CUDA graphs) '
+            "with each attention kernel it may use; the one marked * is the fastest at 128 rows, the one the step "
+            f"below ran with. The bound: the weights ({dec['weights_bytes'] / 2**30:.2f} GiB) and the live KV cache "
+            f"({dec['kv_bytes_per_token'] / 1e3:.0f} KB per token) read once per step at the measured copy bandwidth "
+            f"({bw / 1e12:.2f} TB/s, read + written).",
             "",
-            "| rows | today's path (ms/step) | static + CUDA graphs (ms/step) | speed-up | bandwidth bound (ms) "
-            "| static / bound | peak GiB (today / static) |",
-            "|---|---|---|---|---|---|---|",
+            "| rows | today's path (ms) | "
+            + " | ".join(f"static, {b}{'*' if b == best else ''} (ms)" for b in bks)
+            + " | speed-up* | bound (ms) | static* / bound | peak GiB (today / static*) |",
+            "|---|---|" + "---|" * len(bks) + "---|---|---|---|",
         ]
+        cell = lambda x: f"{x['step_ms']:.1f}" if "step_ms" in x else "failed"  # noqa: E731
         for n, r in rows.items():
-            sh, st = r.get("shared", {}), r.get("static", {})
-            cell = lambda x: f"{x['step_ms']:.1f}" if "step_ms" in x else "failed"  # noqa: E731
-            ratio = f"{st['step_ms'] / r['bound_ms']:.1f}" if "step_ms" in st and r.get("bound_ms") else "n/a"
+            sh, st = r.get("shared", {}), r.get(f"static_{best}", {})
+            ok = "step_ms" in sh and "step_ms" in st
             lines.append(
-                f"| {n} | {cell(sh)} | {cell(st)} | {r.get('speedup', 'n/a')} | {r.get('bound_ms', 'n/a')} | {ratio} "
-                f"| {sh.get('peak_gib')} / {st.get('peak_gib')} |"
+                f"| {n} | {cell(sh)} | "
+                + " | ".join(cell(r.get(f"static_{b}", {})) for b in bks)
+                + f" | {sh['step_ms'] / st['step_ms']:.1f} | " * ok
+                + " | n/a | " * (not ok)
+                + f"{r.get('bound_ms', 'n/a')} | "
+                + (f"{st['step_ms'] / r['bound_ms']:.1f}" if ok and r.get("bound_ms") else "n/a")
+                + f" | {sh.get('peak_gib')} / {st.get('peak_gib')} |"
             )
+        if res.get("call1_step_ms"):
+            c1 = res["call1_step_ms"]
+            lines += [
+                "",
+                "Today's path in call 1 (calls below), same shapes: "
+                + ", ".join(f"{n} rows {v['shared']:.1f} ms" for n, v in c1.items())
+                + "; its time moves with the host (a Python-bound loop of launches), the static engine's within "
+                + ", ".join(
+                    f"{abs(v['static'] - rows[n][f'static_{best}']['step_ms']):.1f} ms at {n}"
+                    for n, v in c1.items()
+                    if n != "64" and f"static_{best}" in rows.get(n, {})
+                )
+                + " rows (call 1's 64-row static cell was not warmed up).",
+            ]
+        k = res.get("kernels", {})
+        if "attention_default_ms" in k:
+            at = {b: k.get(f"attention_{b}_ms") for b in BACKENDS}
+            lines += [
+                "",
+                f"Pieces of a step at {k['rows']} rows, a {k['ctx']}-token context in a {k['width']}-column cache "
+                "(each timed alone, 20 repeats): attention over the 36 layers "
+                + ", ".join(f"{b} {v} ms" if isinstance(v, float) else f"{b} {v}" for b, v in at.items())
+                + f"; the same attention on the live columns only, no mask (what a variable-length kernel reads) "
+                f"{k['attention_no_mask_ms']} ms; the token draw outside the graph {k['draw_ms']} ms.",
+            ]
         if "greedy_first_difference" in dec:
             lines += [
                 "",
-                f"Greedy decoding, 16 tokens on 2 rows, both engines in bf16: first differing position per row "
-                f"{dec['greedy_first_difference']} (16 = identical). The CPU tests (tests/test_decode.py) check "
-                "token identity in fp32, where both engines compute the same sums up to order.",
+                "Greedy decoding, 16 tokens on 2 rows, both engines in bf16: first differing position per row "
+                f"{dec['greedy_first_difference']} (16 = identical; bf16 rounding differs between the engines' "
+                "attention sums). tests/test_decode.py checks token identity in fp32, on the CPU and on CUDA.",
             ]
         for n, r in rows.items():
-            for eng in ("shared", "static"):
-                if "error" in r.get(eng, {}):
-                    lines += ["", f"{eng} at {n} rows failed:", "", "```", r[eng]["error"][-1200:], "```"]
+            for v, x in r.items():
+                if isinstance(x, dict) and "error" in x:
+                    lines += ["", f"{v} at {n} rows failed:", "", "```", x["error"][-1200:], "```"]
     lines += ["", "## The override set's full step", ""]
     st = res.get("step", {})
     if "error" in st:
         lines += ["Failed:", "", "```", st["error"][-1500:], "```"]
-    for label, r in runs.items():
+    for label, r in st.get("runs", {}).items():
         if "step_s" not in r:
             lines += [f"{label}: failed", "", "```", r.get("error", "?")[-1500:], "```"]
             continue
         ph = {k: float(v) for k, v in r["phases_s"].items()}
+        loss = ph["t_ref_forward"] + ph["t_forward"] + ph["t_backward"]
         lines += [
-            f"One GRPO step of `train()` on params-qwen3-4b.yaml, {label} (gpu_smoke's shape part; random weights: "
-            "every completion runs the whole budget, the worst case for time and memory).",
+            f"One GRPO step of `train()` on params-qwen3-4b.yaml: {label} (gpu_smoke's shape part; random weights: "
+            "every completion runs the whole budget, the worst case for time and memory), sampled by the static "
+            f"engine with the {best} attention kernel.",
             "",
             "| step (s) | sample | ref forward | forward | backward | peak GPU memory (GiB) "
             "| pre-flight estimate (GiB) |",
@@ -385,8 +429,18 @@ def render(res: dict, source: str) -> str:
             f"| {r['step_s']} | {ph['t_sample']:.1f} | {ph['t_ref_forward']:.1f} | {ph['t_forward']:.1f} "
             f"| {ph['t_backward']:.1f} | {r['peak_gib']} | {r.get('estimate_gib', 'n/a')} |",
             "",
-            f"Pre-flight: {r.get('estimate_text', '')}",
+            f"The loss passes (reference forward, forward, backward) take {loss:.1f} s of the step: "
+            f"{200 * loss / 3600:.1f} h of a 200-step run on their own, whatever the sampler does. Pre-flight: "
+            f"{r.get('estimate_text', '')}",
         ]
+    for r in res.get("call1_step", {}).values():
+        lines += [
+            "",
+            f"Call 1, the same step: {r['step_s']} s, sampling {float(r['phases_s']['t_sample']):.1f} s, "
+            f"peak {r['peak_gib']} GiB.",
+        ]
+    if res.get("calls"):
+        lines += ["", "## Calls", ""] + [f"* call {k}: {v}" for k, v in res["calls"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -212,8 +212,8 @@ def part_shape(
     return out
 
 
-def render(res: dict, source: str) -> str:
-    """reports/bench/gpu.md from a results JSON."""
+def render(res: dict, source: str, decode: Path | None = None) -> str:
+    """reports/bench/gpu.md from a results JSON (and benchmarks/decode.py's, whose headline it quotes)."""
     lines = [
         "# The real setting's code path on a GPU (issue 26)",
         "",
@@ -224,6 +224,20 @@ def render(res: dict, source: str) -> str:
         "machine's time is scarce), so a time is one measurement, not a distribution.",
         "",
     ]
+    if decode is not None:  # the sampler's static engine (issue 47): its two headline lines, the rest in its report
+        from decode import headline
+
+        dec = json.loads(decode.read_text())
+        lines += [
+            "## The sampler at usable speed (issue 47)",
+            "",
+            f"From `{decode}` ({dec['device']}, commit {dec['commit']}); the table, the kernels and the full step "
+            "are in `reports/bench/gpu_decode.md` (`python benchmarks/decode.py --render " + str(decode) + "`). "
+            "The calls below ran before it, on the eager sampler.",
+            "",
+            *headline(dec),
+            "",
+        ]
     if res.get("calls"):  # results gathered over several lent-machine calls
         lines += ["Calls:", ""] + [f"* call {k}: {v}" for k, v in res["calls"].items()] + [""]
     tiny = res.get("tiny", {})
@@ -278,7 +292,7 @@ def render(res: dict, source: str) -> str:
 
 
 def main(
-    out: Path = typer.Option(..., help="Results JSON to write."),
+    out: Path = typer.Option(None, help="Results JSON to write (not needed with --render)."),
     device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
     runs: str = typer.Option(
         "vanilla:2x4x256:4,route_per_rollout:2x4x256:4",
@@ -290,10 +304,13 @@ def main(
     problems_only: bool = typer.Option(False, help="Skip the tiny chain; build only its problems (64 train)."),
     render_from: Path = typer.Option(None, "--render", help="Write --report from this results JSON, run nothing."),
     report: Path = typer.Option(ROOT / "reports/bench/gpu.md", help="Markdown report of --render."),
+    decode: Path = typer.Option(None, help="--render: benchmarks/decode.py's results JSON, quoted at the top."),
 ) -> None:
     if render_from is not None:
-        report.write_text(render(json.loads(render_from.read_text()), str(render_from)))
+        report.write_text(render(json.loads(render_from.read_text()), str(render_from), decode))
         return
+    if out is None:
+        raise typer.BadParameter("give --out (where the results JSON goes) or --render")
     import torch
 
     res: dict = {"machine": platform.node(), "torch": torch.__version__}

@@ -16,6 +16,10 @@ same probabilities), but does less work:
 With draw="multinomial" it makes HF's own `torch.multinomial` call, so the same seed gives HF `generate`'s tokens
 exactly: tests/test_rollout.py checks that token for token (engine="hf" stays available), and checks the inverse-CDF
 draw's frequencies against the probabilities.
+
+On CUDA `generate` samples with the static engine instead (`decode.sample_static`: a static KV cache, the decode step
+replayed as CUDA graphs, a per-row knob switch): the same distribution and the same draws, with launches no longer
+bounding a step (tests/test_decode.py, reports/bench/gpu_decode.md). The CPU keeps `sample_chunk`.
 """
 
 from __future__ import annotations
