@@ -206,3 +206,30 @@ def test_config_holds_no_arm_names():
     tree = ast.parse(Path(config.__file__).read_text())
     mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "projected_grpo.method.arms" not in mods
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "others"),
+    [
+        ("grpo", "steps", -5, ("prompts_per_step", "micro_batch", "save_every", "threads")),
+        ("grpo", "threads", 0, ("steps", "prompts_per_step", "micro_batch", "save_every")),
+        ("grpo", "max_norm_knob", 0.0, ("betas", "max_norm ")),
+        ("pool", "batch_size", 0, ("mix", "n_per_prompt", "teacher_off_step")),
+        ("projection", "f2", 1.5, ("monitor_accuracy", "recal_every")),
+        ("projection", "heal_lr", 0.0, ("heal_steps", "heal_batch")),
+        ("basis", "n_flips", 3, ("tau", "alpha_sig")),
+        ("rollout", "max_prompt_tokens", 0, ("top_p", "max_new_tokens")),
+        ("eval", "top_p", 0.0, ("temperature",)),
+        ("probe", "n_boot", 10, ("n_rows", "micro_batch")),
+    ],
+)
+def test_a_bad_value_names_its_key_and_value_only(raw, section, key, value, others):
+    """check_params' one line names the key at fault and its value, not every key its rule groups with it (it used to
+    say `grpo.steps, prompts_per_step, micro_batch, save_every and threads must be >= 1` for `grpo.steps=-5`)."""
+    d = copy.deepcopy(raw)
+    d[section][key] = value
+    with pytest.raises(ValueError) as e:
+        from_dict(Params, d)
+    msg = str(e.value)
+    assert msg.startswith(f"{section}.{key} must be ") and msg.endswith(f", got {value!r}"), msg
+    assert not any(o in msg for o in others), msg

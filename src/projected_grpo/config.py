@@ -25,6 +25,23 @@ MODEL_DTYPES = ("float32", "bfloat16")  # model.dtype: the base weights'; adapte
 MAX_SPLIT = 99999  # minileet ids are <split base> + index, 100000 apart
 
 
+def require(section: str, obj, **rules: tuple[typing.Callable[[Any], bool], str]) -> None:
+    """Check `obj`'s fields: rules key=(predicate, what it must be); the first failing one raises a ValueError that
+    names the key and its value, e.g. `grpo.steps must be >= 1, got -5`."""
+    for key, (ok, must) in rules.items():
+        v = getattr(obj, key)
+        if not ok(v):
+            raise ValueError(f"{section}.{key} must be {must}, got {v!r}")
+
+
+POS = (lambda v: v >= 1, ">= 1")  # the common rules of `require`
+NONNEG = (lambda v: v >= 0, ">= 0")
+PROB = (lambda v: 0 <= v <= 1, "in [0, 1]")
+OPEN01 = (lambda v: 0 < v < 1, "in (0, 1)")
+TOP_P = (lambda v: 0 < v <= 1, "in (0, 1]")
+POSITIVE = (lambda v: v > 0, "> 0")
+
+
 @dataclass(frozen=True)
 class GraderParams:
     # upstream: labels identical to the benchmark, its two holes included; hardened: holes closed, label `tamper`.
@@ -187,11 +204,15 @@ class OrganismParams:
             if not 0.0 <= getattr(self, k) <= 1.0:
                 raise ValueError(f"organism.{k} must be a probability in [0, 1], got {getattr(self, k)}")
         if self.p_canonical + self.p_wrong <= 0:
-            raise ValueError("organism.p_canonical + organism.p_wrong must be > 0")
+            raise ValueError(
+                f"organism.p_canonical + organism.p_wrong must be > 0, got {self.p_canonical} + {self.p_wrong}"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError("organism.num_heads must be a multiple of organism.num_kv_heads")
-        if self.steps < 1 or self.batch_size < 1 or self.n_per_prompt < 1:
-            raise ValueError("organism.steps, batch_size and n_per_prompt must be >= 1")
+            raise ValueError(
+                f"organism.num_heads must be a multiple of organism.num_kv_heads, got {self.num_heads} and "
+                f"{self.num_kv_heads}"
+            )
+        require("organism", self, steps=POS, batch_size=POS, n_per_prompt=POS)
 
 
 @dataclass(frozen=True)
@@ -205,10 +226,8 @@ class CalibrationParams:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ValueError("calibration.n_samples, max_new_tokens and batch_size must be >= 1")
-        if not (self.temperature > 0 and 0 < self.top_p <= 1):
-            raise ValueError("calibration.temperature must be > 0 and top_p in (0, 1]")
+        require("calibration", self, n_samples=POS, max_new_tokens=POS, batch_size=POS, temperature=POSITIVE)
+        require("calibration", self, top_p=TOP_P)
 
 
 ADAPTER_KINDS = ("svd", "lora")
@@ -268,8 +287,7 @@ class RolloutParams:
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1 or self.max_new_tokens < 1 or self.max_prompt_tokens < 1:
-            raise ValueError("rollout.top_p must be in (0, 1], max_new_tokens and max_prompt_tokens >= 1")
+        require("rollout", self, top_p=TOP_P, max_new_tokens=POS, max_prompt_tokens=POS)
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"rollout.batch_size must be null (all rows at once) or >= 1, got {self.batch_size}")
 
@@ -330,8 +348,7 @@ class GRPOParams:
     def __post_init__(self) -> None:
         if self.group_size < 2:
             raise ValueError(f"grpo.group_size must be >= 2 (advantages are group-relative), got {self.group_size}")
-        if min(self.steps, self.prompts_per_step, self.micro_batch, self.save_every, self.threads) < 1:
-            raise ValueError("grpo.steps, prompts_per_step, micro_batch, save_every and threads must be >= 1")
+        require("grpo", self, steps=POS, prompts_per_step=POS, micro_batch=POS, save_every=POS, threads=POS)
         if not (0 <= self.clip_eps_low < 1 and self.clip_eps_high >= 0 and self.lr > 0 and self.beta >= 0):
             raise ValueError("grpo: need 0 <= clip_eps_low < 1, clip_eps_high >= 0, lr > 0, beta >= 0")
         if self.optimizer not in ("adam", "sgd"):
@@ -343,8 +360,7 @@ class GRPOParams:
             raise ValueError(f"grpo.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"grpo.micro_batch_tokens must be >= 0 (0 = no token cap), got {self.micro_batch_tokens}")
-        if len(self.betas) != 2 or self.max_norm <= 0 or self.max_norm_knob <= 0:
-            raise ValueError("grpo.betas must be two numbers; grpo.max_norm and max_norm_knob must be > 0")
+        require("grpo", self, betas=(lambda v: len(v) == 2, "two numbers"), max_norm=POSITIVE, max_norm_knob=POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -361,8 +377,8 @@ class PoolParams:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        if not 0 <= self.mix < 1 or self.n_per_prompt < 1 or self.teacher_off_step < 0 or self.batch_size < 1:
-            raise ValueError("pool: need 0 <= mix < 1, n_per_prompt >= 1, teacher_off_step >= 0, batch_size >= 1")
+        mix = (lambda v: 0 <= v < 1, "in [0, 1)")
+        require("pool", self, mix=mix, n_per_prompt=POS, teacher_off_step=NONNEG, batch_size=POS)
 
 
 @dataclass(frozen=True)
@@ -424,8 +440,7 @@ class ProjectionParams:
     heal_batch: int = 8
 
     def __post_init__(self) -> None:
-        if self.heal_steps < 0 or self.heal_lr <= 0 or self.heal_batch < 1:
-            raise ValueError("projection: need heal_steps >= 0 (0 = off), heal_lr > 0 and heal_batch >= 1")
+        require("projection", self, heal_steps=(NONNEG[0], ">= 0 (0 = off)"), heal_lr=POSITIVE, heal_batch=POS)
         if self.masked_is_cap is not None and not self.masked_is:
             raise ValueError(
                 f"projection.masked_is_cap caps masked_is's ratio: needs masked_is: true, got masked_is: false and "
@@ -439,8 +454,7 @@ class ProjectionParams:
             raise ValueError(f"projection.random_match must be mass or rank, got {self.random_match!r}")
         if self.band not in ("soft", "half", "tail"):
             raise ValueError(f"projection.band must be soft, half or tail, got {self.band!r}")
-        if not (0 < self.f < 1 and 0 < self.f2 < 1 and 0 <= self.monitor_accuracy <= 1 and self.recal_every >= 1):
-            raise ValueError("projection: need f, f2 in (0, 1), monitor_accuracy in [0, 1], recal_every >= 1")
+        require("projection", self, f=OPEN01, f2=OPEN01, monitor_accuracy=PROB, recal_every=POS)
         if self.refresh_every < 0:
             raise ValueError(f"projection.refresh_every must be >= 0 (0 = frozen basis), got {self.refresh_every}")
         if self.refresh_moments not in ("rotate", "reset"):
@@ -491,14 +505,12 @@ class BasisParams:
             raise ValueError(f"basis.space must be one of {BASIS_SPACES}, got {self.space!r}")
         if self.k < 1:
             raise ValueError(f"basis.k must be >= 1, got {self.k}")
-        if not (0 <= self.tau <= 1 and 0 < self.alpha_sig < 1 and self.n_flips >= 20):
-            raise ValueError("basis.tau must be in [0, 1], basis.alpha_sig in (0, 1), basis.n_flips >= 20")
+        require("basis", self, tau=PROB, alpha_sig=OPEN01, n_flips=(lambda v: v >= 20, ">= 20"))
         if not 0 <= self.drop_bottom_frac < 1:
             raise ValueError(f"basis.drop_bottom_frac must be in [0, 1), got {self.drop_bottom_frac}")
         if self.score_norm not in ("none", "per_type_zscore"):
             raise ValueError(f"basis.score_norm must be none or per_type_zscore, got {self.score_norm!r}")
-        if self.solve_m < 0 or self.act_layer < 0:
-            raise ValueError("basis.solve_m and basis.act_layer must be >= 0")
+        require("basis", self, solve_m=NONNEG, act_layer=NONNEG)
         if self.modes is not None:
             unknown = [m for m in self.modes if m not in MODES]
             if unknown or not self.modes:
@@ -518,8 +530,8 @@ class OracleBasisParams:
     batch_size: int = 32
 
     def __post_init__(self) -> None:
-        if self.problems < 2 or self.samples < 2 or self.batch_size < 1:
-            raise ValueError("oracle_basis.problems and oracle_basis.samples must be >= 2, batch_size >= 1")
+        two = (lambda v: v >= 2, ">= 2")
+        require("oracle_basis", self, problems=two, samples=two, batch_size=POS)
         if not 0 < self.cal_frac < 1:
             raise ValueError(f"oracle_basis.cal_frac must be in (0, 1), got {self.cal_frac}")
 
@@ -565,8 +577,7 @@ class EvalParams:
             raise ValueError(
                 "eval: n_monitor, curve_every, n_samples*, max_new_tokens, batch_size, threads must be >= 1"
             )
-        if not (self.temperature > 0 and 0 < self.top_p <= 1):
-            raise ValueError("eval.temperature must be > 0 and top_p in (0, 1]")
+        require("eval", self, temperature=POSITIVE, top_p=TOP_P)
         if not self.surfaces or any(s not in SURFACES for s in self.surfaces):
             raise ValueError(
                 f"eval.surfaces must be a non-empty subset of {list(SURFACES)}, got {list(self.surfaces)}"
@@ -584,8 +595,9 @@ class ProbeParams:
     n_boot: int = 1000
 
     def __post_init__(self) -> None:
-        if self.n_rows < 2 or self.micro_batch < 1 or self.n_boot < 100:
-            raise ValueError("probe.n_rows must be >= 2, probe.micro_batch >= 1 and probe.n_boot >= 100")
+        require(
+            "probe", self, n_rows=(lambda v: v >= 2, ">= 2"), micro_batch=POS, n_boot=(lambda v: v >= 100, ">= 100")
+        )
 
 
 @dataclass(frozen=True)
