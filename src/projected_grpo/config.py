@@ -428,9 +428,7 @@ class ProjectionParams:
     masked_is: bool = False
     # With masked_is: the ratio capped at this value in the PPO surrogate and in the KL weight (TRL's `delta`,
     # two-sided clipping; INTELLECT-2 uses 4). PPO's clip leaves rho unbounded on negative-advantage tokens, and an
-    # unrouted row's rho (knob off over knob on) reached ~150 on one token in an oracle-gated run: a gradient spike of
-    # 30x the run's median norm, after which the logged KL to the reference went from ~0.1 to a mean of 7 and stayed
-    # there. None = unbounded.
+    # unrouted row's rho (knob off over knob on) can spike the gradient (reports/lab_diary.md). None = unbounded.
     masked_is_cap: float | None = None
     # Retain heal (issue 25; 0 = off, the default until it wins): after the last GRPO step, this many Adam steps of NLL
     # on the clean completions of the held-out extraction pairs, knob off, main δS only (rl/heal.py), at heal_lr with

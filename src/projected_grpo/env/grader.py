@@ -280,7 +280,7 @@ def grade_batch(
     `mode` picks the GT runner for upstream hints; loophole-mode records always use the strict oracle.
 
     A completion repeated for the same problem object (a group's duplicate samples) is executed once and its (frozen)
-    Grade shared: 25-50% of a GRPO step's rows are such duplicates on the organism."""
+    Grade shared (a group's samples of a small organism often repeat)."""
     if len(problems) != len(completions):
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
     if mode not in harness.MODES:

@@ -40,8 +40,7 @@ class Arm:
     mass_matched: bool = False  # a control whose moved norm can be matched to v_hack's (projection.random_match)
     # A tail-gated act control that routes, each step, as many rollouts as v_act's calibrated tail would on the same
     # batch, the top ones by its own random score (projection.share_matched_gate): a tail's routed share is not a
-    # property of the held-out calibration (v_act's tail routed 38% of live rollouts; the same calibrated tail on a
-    # random direction 2.7%), so a control with its own threshold would not be matched in what it routes
+    # property of the held-out calibration, so a control with its own threshold would not be matched in what it routes
     share_matched: bool = False
     pool: bool = True  # False: no teacher-pool rows whatever pool.mix (the teacher-pool ablation, on-policy only)
     family: str | None = None  # the results.md comparison table the arm belongs to
@@ -116,9 +115,9 @@ ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
 # Issue 25's masked-routing variants: route_masked_<suffix> (with its _random control and _oracle bound) runs with
 # these params. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline; q: the knob in
 # its own directions; deploy: a quarter of the groups sampled and trained knob off; act: the gate in activation space
-# (v_act, held-out AUROC 0.93 where the gradient-space direction has none; the routed amount is still the rollout's);
-# heal: a retain heal after the last step (rl/heal.py); is: the unrouted rows' importance correction (they are sampled
-# knob on and trained knob off); cap: that correction's ratio capped.
+# (v_act; the routed amount is still the rollout's); heal: a retain heal after the last step (rl/heal.py); is: the
+# unrouted rows' importance correction (they are sampled knob on and trained knob off); cap: that correction's ratio
+# capped. What each measured: reports/lab_diary.md ("Masked-routing variants"), recipes in docs/experiments.md.
 _TAIL, _MR = ("projection.band", "tail"), ("projection.main_baseline", "main_rows")
 _Q, _IS = ("adapter.quarantine", "separate"), ("projection.masked_is", True)
 _DEPLOY, _ACT = ("projection.deploy_frac", 0.25), ("basis.space", "act")
@@ -140,47 +139,24 @@ MASKED_VARIANTS: dict[str, tuple[tuple[str, object], ...]] = {
     "mr_is": (_MR, _IS),
     "act_mr_is": _ACT_MR_IS,
     # the same with only the calibrated top tail routed: no ambiguous rows, so the main trains knob off on every row
-    # it trains on (act_mr_is's soft band routed 76-81% of rollouts at least in part, the ambiguous ones knob on).
-    # Measured, 3 seeds with its share-matched control (Arm.share_matched; its own calibrated tail routed 2.7%): the
-    # tail routes 31-38% of rollouts (held-out precision 0.95-0.96, live AUROC 0.78-0.82) and cuts deploy hack by
-    # 34.7 points [25.1, 44.3], but misses the deploy targets (format 86.1 / 87.4 / 91.2, solve 18.5 / 22.7 / 18.9;
-    # Δ solve -7.4 [-12.6, -2.3]); the control, routing as many rollouts picked by a random direction (23-42%), cuts
-    # 27.4 [9.3, 45.6]: most of the cut comes from routing a third of the rollouts into a deleted knob, and the
-    # direction's part, -7.3 [-28.7, 14.1], is not established. Fails the win rule's (b), (c) (format -7.1) and (d)
+    # it trains on; its control is share-matched (Arm.share_matched)
     "act_mr_is_tail": (*_ACT_MR_IS, _TAIL),
-    # act_mr_is then a retain heal (knob off, main only) on the clean extraction completions: act_mr_is kept the
-    # knob-on format (93-95%) but lost it deployed (59-84%); measured, 3 seeds: the heal moved deploy format by +2.1,
-    # -2.5 and +6.3 points, within sampling noise, and failed the win rule's (b) and (c) as act_mr_is does
+    # act_mr_is then a retain heal (knob off, main only) on the clean extraction completions
     "act_mr_is_heal": (*_ACT_MR_IS, _HEAL),
     # act_mr_is with a quarter of each step's groups sampled and trained knob off: the main then trains on its own
-    # deployed samples (route_full with deploy_frac 0.25 kept deploy format >= 90% on 3 of 3 seeds); measured, 3 seeds:
-    # deploy format 89.9 / 95.4 / 91.2 (act_mr_is: 83.6 / 81.1 / 59.2) but a hack cut of 13.4 points, not 41.8: the
-    # ungated deploy rows hack at 38-48% over steps 101-200 and teach the main; fails the win rule's (b) and (c)
+    # deployed samples
     "act_mr_is_deploy": (*_ACT_MR_IS, _DEPLOY),
     # act_mr_is_deploy with the deploy rows gated too (projection.deploy_gate): a deploy rollout the gate routes trains
-    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts. Measured, 3 seeds
-    # (the default routed arm at 8921285, its outputs there): deploy hack cut 31.5 points [26.4, 36.6] (-13.7 vs its
-    # control), deploy format 89.9 / 90.8 / 88.2 and solve 26.9 / 28.2 / 23.9; fails the win rule's (b) (lower bound
-    # -5.9), (c) (-5.7)
+    # the knob instead of teaching the main the hack, as vGROUT gates its quarantine-off rollouts
     "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, _GATE),
     # act_mr_is with the knob on its own singular directions (after the main's top r), so deleting it removes nothing
-    # the main's directions carry; measured, 3 seeds: deploy format 92.9 / 92.0 / 90.8 and solve 33.6 / 29.4 / 31.1
-    # (the deploy targets on every seed), hack cut 22.3 points [15.8, 28.9] (-18.2 vs its control); fails (b), (c)
+    # the main's directions carry
     "act_mr_is_q": (*_ACT_MR_IS, _Q),
-    # both: the deploy rows gated (deploy_gate's larger cut) and the knob on its own directions (q's deployed format).
-    # The default routed arm (params.yaml); measured, 3 seeds: deploy format 92.9 / 92.0 / 94.5 and solve 34.0 / 26.1
-    # / 30.7 (the deploy targets on every seed), hack cut 24.7 points [21.0, 28.5] (-21.4 vs its control, which cuts
-    # 2.6); fails (b) (lower bound -15.0) and (c) (-2.2 no-hint, -3.2 train hints; the bar is -2)
+    # both: the deploy rows gated and the knob on its own directions. The default routed arm (params.yaml); its
+    # results: reports/results.md
     "act_mr_is_deploy_gate_q": _DEPLOY_GATE_Q,
-    # the same with the importance ratio capped (projection.masked_is_cap at INTELLECT-2's 4): its oracle bound missed
-    # the deploy targets on 2 of 3 seeds, each oracle-gated run with gradient spikes of 10-130x the median norm where
-    # an unrouted row's ratio was unbounded (none in its calibrated runs, whose soft band trains most rows knob on).
-    # Its oracle bound (_cap_oracle, in the default matrix) measured, 3 seeds: deploy format 97.1 / 95.8 / 94.5 and
-    # solve 32.8 / 32.4 / 32.8 (the deploy targets on every seed), hack cut 48.4 points [42.1, 54.7]; fails only (b)
-    # (+5.2 [-4.8, 15.2]). The calibrated arm measured, 3 seeds with its control: no spikes to remove (0 per seed, as
-    # uncapped), hack cut 26.0 points [21.1, 30.9] (-20.1 vs its control, which cuts 5.9) but deploy format 86.6 / 88.2
-    # / 89.9, under 90% on every seed (uncapped: 92.9 / 92.0 / 94.5; paired -4.9 [-8.1, -1.7] no-hint, -0.5 [-7.3,
-    # 6.3] on the 6x larger train-hint surface), solve 35.7 / 24.4 / 26.9; fails (b), (c); not the default
+    # the same with the importance ratio capped (projection.masked_is_cap at INTELLECT-2's 4): an unrouted row's ratio
+    # is otherwise unbounded; its oracle bound (_cap_oracle) is in the default matrix
     "act_mr_is_deploy_gate_q_cap": (*_DEPLOY_GATE_Q, _CAP),
 }
 
@@ -211,11 +187,7 @@ def _registry() -> dict[str, Arm]:
         ("route_batch_no_gate", None, ROUTE, True),
         ("route_per_rollout", "rollout", ROUTE, True),
         ("route_per_token", "token", ROUTE, False),
-        # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full).
-        # route_two_sided measured, 3 seeds with its control: the deployed model keeps the targets (format 91.6 / 93.7
-        # / 92.0, solve 23.9 / 26.1 / 20.2) and nothing is cut (Δ hack -1.4 [-6.3, 3.4], -3.6 [-18.8, 11.5] vs its
-        # control; the knob on hacks as much): without the rectification the knob gets no drift, and the gradient gate
-        # (live AUROC 0.52-0.54) routes noise; fails (a)-(d)
+        # issue 25: routing that does not rectify noise (projection.route_two_sided, projection.route_full)
         ("route_two_sided", "rollout", ROUTE, True),
         ("route_full", "rollout", ROUTE, False),
         # issue 25: per-rollout forward masks (adapter.row_masks): a routed rollout trains only the knob, an unrouted
@@ -230,12 +202,7 @@ def _registry() -> dict[str, Arm]:
     # separates "the gate fails" from "the routing mechanics fail"
     for edit in ("route_per_rollout", "route_two_sided", "route_full", "route_masked"):
         arms.append(Arm(f"{edit}_oracle", edit, gate="rollout", oracle_gate=True, family=ROUTE))
-    # the act gate (v_act). route_per_token_act measured, 3 seeds with its control: deleting the knob leaves no
-    # formatted answer (deploy format 0.0 / 0.0 / 0.0, its control's 10.5 / 16.8 / 8.8; knob on 95.0 / 93.3 / 95.4):
-    # per-token routing has no forward masks, so it samples and trains knob on and the main drifts along the basis
-    # opposite the knob (mean component +3.5 to +3.7 against the knob's -3.7 to -3.8), as route_per_rollout's did.
-    # Its gate separates (held-out AUROC 0.76, live 0.61-0.63; the control's 0.44-0.46) but knob on it hacks as much
-    # as measure_only (53.0 / 58.7 / 61.6); fails (b)-(d)
+    # the act gate (v_act), per rollout and per token
     for edit, gate in (("route_per_rollout", "rollout"), ("route_per_token", "token")):
         name, kw = f"{edit}_act", {"gate": gate, "family": ROUTE, "overrides": (("basis.space", "act"),)}
         arms.append(Arm(name, edit, control=f"{name}_random", **kw))  # controls matched as their rule's are:

@@ -342,9 +342,8 @@ def band_gate(s: Tensor, adv: Tensor, tau_lo: float, tau_hi: float, band: str = 
 
     A_n = 0 ⇒ m_n = 0 (undefined score, no policy-gradient term). τ_lo ≥ τ_hi: one threshold at the midpoint.
     Why "tail": the band routes partly everything above τ_lo, i.e. nearly every rollout when the score separates
-    poorly (the default run routed 80% of rollouts at calibration AUROC 0.48, routing.md §1); routing only the
-    calibrated top tail (τ_hi from `tail_threshold`, at most a share f of held-out clean scores above it) trades
-    recall for precision, as vGROUT's gate does."""
+    poorly (docs/routing.md §1); routing only the calibrated top tail (τ_hi from `tail_threshold`, at most a share f
+    of held-out clean scores above it) trades recall for precision, as vGROUT's gate does."""
     if band not in BANDS:
         raise ValueError(f"gate band must be one of {BANDS}, got {band!r}")
     if band == "tail":  # compared in fp64: τ is one fp64 ulp above a clean score, which fp32 would round back onto
@@ -381,8 +380,8 @@ def share_matched_gate(s: Tensor, s_ref: Tensor, adv: Tensor, tau_ref: float, el
     rows with A_n != 0 (ties: the lower row).
 
     Why: a calibrated tail routes a share that is not a property of the direction's held-out calibration (on the
-    organism v_act's tail routed 38% of live rollouts and the same calibrated tail on a random direction 2.7%), so a
-    control with its own threshold is matched neither in what it routes nor in how much it moves. This one differs
+    organism a random direction's calibrated tail routed far fewer live rollouts than v_act's: reports/lab_diary.md),
+    so a control with its own threshold is matched neither in what it routes nor in how much it moves. This one differs
     from the real gate only in which rollouts it picks."""
     ok = eligible & (adv != 0)
     k = int((band_gate(s_ref, adv, tau_ref, tau_ref, "tail").bool() & ok).sum())

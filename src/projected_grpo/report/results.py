@@ -86,10 +86,9 @@ class Found:
 
 
 GATE_LOG = ("gate_frac", "gate_mean", "gate_auroc_live")
-KL_SPIKE = 1.0  # a step whose logged KL exceeds this spikes (the committed measure_only runs: 0-1.5% of steps)
-# a step whose main gradient norm (before clipping) exceeds this many times its run's median spikes: every committed
-# oracle-gated masked run has 1-20 such steps (up to 3000x; without masked_is k3's e^(ref - logp), with it the
-# ratio of one token), the default routed arm's and measure_only's runs none (issue 25)
+KL_SPIKE = 1.0  # a step whose logged KL exceeds this spikes
+# a step whose main gradient norm (before clipping) exceeds this many times its run's median spikes (issue 25: an
+# unrouted row trained knob off can carry an unbounded importance ratio; reports/lab_diary.md, "Gradient spikes")
 GRAD_SPIKE = 10.0
 
 

@@ -109,9 +109,9 @@ def grpo_loss(
     # ratio_cap (TRL's `delta`, INTELLECT-2's two-sided clipping): PPO's clip bounds rho only where it stops a push
     # (A > 0 above 1 + eps_hi, A < 0 below 1 - eps_lo); a token with A < 0 that the trained state finds far likelier
     # than the sampler did keeps a gradient rho |A| with rho unbounded. On-policy rho is 1 and nothing changes; a row
-    # trained in another state than it was sampled in (masked routing) can reach rho ~ 150 on one token, a gradient
-    # spike of 30x the run's median norm that Adam's momentum then carries for tens of steps. Capped, such a token's
-    # surrogate is the constant cap*A: no gradient, as for the tokens the clip already stops.
+    # trained in another state than it was sampled in (masked routing) can reach a large rho on one token, a gradient
+    # spike that Adam's momentum then carries for many steps. Capped, such a token's surrogate is the constant cap*A:
+    # no gradient, as for the tokens the clip already stops.
     capped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)  # (B, T)
     pg = -torch.min(capped * a, clipped * a)  # (B, T)
 

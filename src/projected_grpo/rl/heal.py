@@ -1,7 +1,7 @@
 """Retain heal (issue 25, off by default): after GRPO, a few NLL steps on the clean completions of the held-out
 extraction pairs, knob off, main δS only — the short repair after deletion that gradient-routing systems run (ERA's
 coherence fine-tune, jnward's retain fine-tune, vGROUT's one NLL epoch on the clean side of its pairs;
-../shared/docs/routing.md §2). It trains the deployed policy on authored clean solutions, never on training rollouts
+docs/routing.md §2). It trains the deployed policy on authored clean solutions, never on training rollouts
 or labels, so routing's no-cheat invariant holds.
 """
 
