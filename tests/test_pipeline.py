@@ -277,7 +277,7 @@ def test_experiment_run_and_show(project):
 
 def test_every_stage_runs_its_own_checkout_of_the_code():
     """Queued and temp experiments run in a copy of the workspace; with an editable install they would silently
-    import the main workspace's package unless the command puts the copy's src/ first (shared/docs/dvc.md §6.4).
+    import the main workspace's package unless the command puts the copy's src/ first (docs/dvc.md §6.4).
     OpenMP threads sleep instead of spinning while they wait (OMP_WAIT_POLICY=PASSIVE, read when torch loads
     libgomp, so it is set in the command): a 2-thread step next to two busy processes is 2.6x as slow, not 13.5x
     (reports/bench/threads.md)."""

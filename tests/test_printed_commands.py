@@ -1,4 +1,4 @@
-"""Every `dvc` command the README and `reports/results.md` print runs as printed.
+"""Every `dvc` command the README, `docs/experiments.md` and `reports/results.md` print runs as printed.
 
 Each one goes through DVC's own argument parser; each `dvc exp run` also has its `-S` overrides (sweeps expanded the
 way DVC expands them) applied to a copy of params.yaml and validated by `load_params`, so a misspelt key fails here
@@ -43,11 +43,13 @@ def _inline_exp_runs(text: str) -> list[str]:
 
 
 def printed_commands() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
+    """The README's and the experiment recipes' (`docs/experiments.md`) bash blocks and inline `dvc exp run`s, and the
+    inline ones of results.md and of its generator."""
+    docs = [(ROOT / "README.md").read_text(), (ROOT / "docs" / "experiments.md").read_text()]
     res = (ROOT / "reports" / "results.md").read_text()
     generated = "\n".join(results.experiments_section())
-    cmds = _code_block_commands(readme) + _inline_exp_runs(readme) + _inline_exp_runs(res)
-    return cmds + _inline_exp_runs(generated)
+    cmds = [c for text in docs for c in _code_block_commands(text) + _inline_exp_runs(text)]
+    return cmds + _inline_exp_runs(res) + _inline_exp_runs(generated)
 
 
 def _argv(cmd: str) -> list[str]:
@@ -60,10 +62,13 @@ def _argv(cmd: str) -> list[str]:
 
 def test_every_printed_command_is_found():
     cmds = printed_commands()
-    # the experiments table of results.md, its generator, the README's blocks (repro, exp, queue, remote, push)
+    # the experiments table of results.md, its generator, the README's blocks (repro, exp, queue, remote, push) and
+    # the recipes of docs/experiments.md
     assert sum("dvc exp run --queue" in c for c in cmds) >= 8
     assert any(c.startswith("dvc exp show") for c in cmds) and any(QWEN in c for c in cmds)
     assert len(_repro_commands()) >= 2  # the README's two-at-a-time block
+    recipes = (ROOT / "docs" / "experiments.md").read_text()
+    assert len(_code_block_commands(recipes)) >= 12  # one recipe per variant measured so far, each checked below
 
 
 def _repro_commands() -> list[str]:
