@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 PRINT_KEYS = ("reward", "hack", "solve", "kl", "gnorm", "routed", "dt")
@@ -86,3 +88,69 @@ def read_tsv(path: Path | str) -> list[dict[str, float]]:
     lines = Path(path).read_text().splitlines()
     keys = lines[0].split("\t")
     return [{k: float(v) for k, v in zip(keys, ln.split("\t"))} for ln in lines[1:]]
+
+
+def _hms(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class LogBar:
+    """A progress report for a log file: at most one line every `every_s` seconds, to `out` (stderr), with the count,
+    the rate, the elapsed time, the ETA and the postfix, e.g. `sft: 1200/6000 (20%) 1.14 it/s, 17:32 elapsed, ETA
+    70:10 | loss 0.412`; and a last line when the loop ends, if it printed any. A loop shorter than `every_s` prints
+    nothing. Iterates like `tqdm` and takes `set_postfix` the same way."""
+
+    def __init__(
+        self,
+        iterable: Iterable,
+        desc: str,
+        total: int | None = None,
+        initial: int = 0,
+        every_s: float = 60.0,
+        out=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.iterable, self.desc, self.every_s, self.clock = iterable, desc, every_s, clock
+        self.out = out if out is not None else sys.stderr
+        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.n, self.initial, self.postfix = initial, initial, ""
+
+    def set_postfix(self, **kw) -> None:
+        self.postfix = ", ".join(f"{k} {v}" for k, v in kw.items())
+
+    def set_postfix_str(self, s: str) -> None:
+        self.postfix = s
+
+    def line(self, elapsed: float) -> str:
+        done = self.n - self.initial
+        rate = done / elapsed if elapsed > 0 else float("nan")
+        count = f"{self.n}/{self.total} ({self.n / self.total:.0%})" if self.total else f"{self.n}"
+        eta = f", ETA {_hms((self.total - self.n) / rate)}" if self.total and rate > 0 else ""
+        tail = f" | {self.postfix}" if self.postfix else ""
+        return f"{self.desc}: {count} {rate:.3g} it/s, {_hms(elapsed)} elapsed{eta}{tail}"
+
+    def __iter__(self) -> Iterator:
+        start = last = self.clock()
+        printed = False
+        for x in self.iterable:
+            yield x
+            self.n += 1
+            now = self.clock()
+            if now - last >= self.every_s:
+                print(self.line(now - start), file=self.out, flush=True)
+                last, printed = now, True
+        if printed:
+            print(self.line(self.clock() - start) + " (done)", file=self.out, flush=True)
+
+
+def progress(iterable: Iterable, desc: str, total: int | None = None, initial: int = 0, terminal: bool | None = None):
+    """The progress display of a long loop: a tqdm bar on a terminal, `LogBar` lines in a log (nohup, `repro -j 2`'s
+    per-stage logs), where a bar would print nothing readable. terminal: whether stderr is one (default: asked)."""
+    if terminal is None:
+        terminal = sys.stderr.isatty()
+    if terminal:
+        from tqdm import tqdm
+
+        return tqdm(iterable, desc=desc, total=total, initial=initial, dynamic_ncols=True)
+    return LogBar(iterable, desc, total=total, initial=initial)

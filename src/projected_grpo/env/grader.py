@@ -320,7 +320,7 @@ class ChunkGrader:
 
     def grades(self, progress: bool = False) -> list[Grade]:
         """Every row's grade, in order; raises if the chunks did not cover the problems exactly once."""
-        from tqdm import tqdm
+        from projected_grpo.common.log import progress as progress_display
 
         spans, end = [(a, n) for a, n, _ in self.futs], 0
         for a, n in spans:  # each chunk starts where the previous one ended, the last ends at the last row
@@ -328,7 +328,7 @@ class ChunkGrader:
         if end != len(self.problems):
             raise ValueError(f"chunks {spans} do not cover the {len(self.problems)} rows in order")
         return [
-            g for _, _, f in tqdm(self.futs, desc="grading", unit="chunk", disable=not progress) for g in f.result()
+            g for _, _, f in (progress_display(self.futs, "grading") if progress else self.futs) for g in f.result()
         ]
 
     def __enter__(self) -> ChunkGrader:

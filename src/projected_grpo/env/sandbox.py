@@ -1573,9 +1573,9 @@ class Sandbox:
         if progress:
             from concurrent.futures import as_completed
 
-            from tqdm import tqdm
+            from projected_grpo.common.log import progress as progress_display
 
-            for _ in tqdm(as_completed(futs), total=len(futs), desc="sandbox", unit="exec"):
+            for _ in progress_display(as_completed(futs), "sandbox", total=len(futs)):
                 pass
         return [f.result() for f in futs]
 

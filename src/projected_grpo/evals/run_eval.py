@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from projected_grpo.common import atomic
 from projected_grpo.common.log import PhaseTimer
+from projected_grpo.common.log import progress as progress_display
 from projected_grpo.env.problems import Problem
 from projected_grpo.evals import knob_effect as ke
 from projected_grpo.evals.evaluation import (
@@ -79,7 +78,7 @@ def evaluate_run(
     e = p.eval
     rows, final, deploy_ends, curve_t, end_t = [], {}, [], PhaseTimer(), PhaseTimer()
     effect, t_deploy_last = None, None
-    for step in tqdm(curve_steps(steps, e.curve_every), desc=f"evaluate {arm.name} s{seed}"):
+    for step in progress_display(curve_steps(steps, e.curve_every), f"evaluate {arm.name} s{seed}"):
         load_adapter(model, adapter_path(run, step))
         for st in arm.knob_states:
             last = None

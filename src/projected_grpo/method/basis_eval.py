@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
+from projected_grpo.common.log import progress as progress_display
 from projected_grpo.common.stats import auroc_interval, paired_auroc_diff
 from projected_grpo.method.basis import (
     Basis,
@@ -186,7 +186,8 @@ def extract_all(
     batch_size: completions per forward/backward."""
     modes = bp.modes
     grads: dict[str, PairGrads] = {}
-    for name in tqdm(list(pairsets), desc="pair-set gradients", disable=not progress):
+    names = list(pairsets)
+    for name in progress_display(names, "pair-set gradients") if progress else names:
         g = pair_grads(model, tok, pairsets[name], problems, temperature, modes, batch_size)
         if g.n_extract == 0 or g.n_cal == 0:
             if name == bp.pairset:

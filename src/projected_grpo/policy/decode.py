@@ -26,7 +26,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 from projected_grpo.policy.adapter import knob_rows
 
@@ -135,38 +135,26 @@ def sample_static(
     """(b, Tp) left-padded prompt ids and mask -> (b, T_c) sampled tokens, pad after each row's EOS, as
     `rollout.sample_chunk`. knob: (b,) 1 where a row samples with δS_h (knob on), 0 where knob off (the deployed
     policy); None: every row as the adapters stand."""
-    from projected_grpo.policy.rollout import DRAWS, group_runs, logits_processors
+    from projected_grpo.policy.rollout import DRAWS, logits_processors, prefill
 
     b, Tp = ids.shape
     dev, pick = ids.device, DRAWS[draw]
-    key = ids if knob is None else torch.cat([ids, knob.long()[:, None]], 1)  # a group's rows share a prefill
-    first, owner = group_runs(key, am)
     procs = logits_processors(temperature, top_p)
     eos = torch.tensor(eos_ids, device=dev)
-    pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # (b, Tp) as HF derives them
     L = -(-(Tp + max_new_tokens) // 16) * 16  # cache columns, a multiple of 16 (aligned mask rows)
 
-    prefill_knob = nullcontext() if knob is None else knob_rows(model, knob[first])
-    with prefill_knob:
-        out = model(
-            input_ids=ids[first],
-            attention_mask=am[first],
-            position_ids=pos[first],
-            cache=DynamicCache(),
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    logits = out.logits[:, -1].float()[owner]  # (b, V)
+    pre = prefill(model, ids, am, knob)  # a group's rows share one prefill (per knob state)
+    logits, owner, pos = pre.logits, pre.owner, pre.pos  # (b, V), (b,), (b, Tp)
     col = torch.zeros(1, dtype=torch.long, device=dev)
     layers = []
-    for layer in out.cache.layers:
+    for layer in pre.cache.layers:
         kv = []
         for x in (layer.keys, layer.values):  # (U, heads, Tp, d) -> (b, heads, L, d), zeros past the prompt
             buf = x.new_zeros(b, x.shape[1], L, x.shape[-1])
             buf[:, :, :Tp] = x[owner]
             kv.append(buf)
         layers.append(ColumnLayer(*kv, col))
-    del out
+    del pre
     cache = Cache(layers=layers)
     mask = torch.zeros(b, 1, 1, L, dtype=torch.bool, device=dev)  # (b, 1, 1, L) the columns a row attends to
     mask[:, 0, 0, :Tp] = am.bool()

@@ -25,16 +25,17 @@ bounding a step (tests/test_decode.py, reports/bench/gpu_decode.md). The CPU kee
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 from transformers import DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-from projected_grpo.policy.adapter import adapters
+from projected_grpo.common.log import progress as progress_display
+from projected_grpo.policy.adapter import adapters, knob_rows
 from projected_grpo.policy.decode import sample_static, static_supported
 from projected_grpo.policy.model import render_prompt
 
@@ -255,7 +256,8 @@ def generate(
     fork_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
         torch.manual_seed(seed)
-        for s in tqdm(range(0, B, bs), desc="sampling", unit="chunk", disable=not progress or B <= bs):
+        starts = range(0, B, bs)
+        for s in progress_display(starts, "sampling") if progress and B > bs else starts:
             ids, am = prompt_ids[s : s + bs], prompt_mask[s : s + bs]
             left = int((am.sum(0) == 0).sum())  # columns that are padding in every row of this chunk
             ids, am = ids[:, left:].to(device), am[:, left:].to(device)
@@ -350,6 +352,36 @@ def group_runs(ids: Tensor, am: Tensor) -> tuple[Tensor, Tensor]:
     return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
 
 
+@dataclass
+class Prefill:
+    """A chunk's prompts run once per distinct prompt (and knob state): `logits` (b, V) fp32 of each row's last prompt
+    position, `cache` the distinct prompts' KV cache, `owner` (b,) each row's distinct prompt (the cache's row), `pos`
+    (b, Tp) position ids as HF derives them from the mask."""
+
+    logits: Tensor
+    cache: DynamicCache
+    owner: Tensor
+    pos: Tensor
+
+
+def prefill(model, ids: Tensor, am: Tensor, knob: Tensor | None = None) -> Prefill:
+    """Prefill the distinct rows of a left-padded chunk (a group's G rows repeat one prompt), last position only as
+    HF's prefill; knob (b,): rows also differ by their knob state (`adapter.knob_rows`); None: as the adapters are."""
+    key = ids if knob is None else torch.cat([ids, knob.long()[:, None]], 1)
+    first, owner = group_runs(key, am)
+    pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # (b, Tp) as HF derives them
+    with nullcontext() if knob is None else knob_rows(model, knob[first]):
+        out = model(
+            input_ids=ids[first],
+            attention_mask=am[first],
+            position_ids=pos[first],
+            cache=DynamicCache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return Prefill(out.logits[:, -1].float()[owner], out.cache, owner, pos)
+
+
 @torch.no_grad()
 def sample_chunk(
     model,
@@ -366,22 +398,10 @@ def sample_chunk(
     every row has stopped or max_new_tokens. Draws from the global RNG (`DRAWS[draw]`: "multinomial" is exactly HF
     `generate`'s draw)."""
     b, pick = ids.shape[0], DRAWS[draw]
-    first, owner = group_runs(ids, am)
     procs = logits_processors(temperature, top_p)
     eos = torch.tensor(eos_ids, device=ids.device)
-    pos = (am.long().cumsum(-1) - 1).masked_fill(am == 0, 0)  # (b, Tp) as HF derives them
-
-    cache = DynamicCache()  # prefill the distinct prompts, then repeat their cache over each group's rows
-    out = model(
-        input_ids=ids[first],
-        attention_mask=am[first],
-        position_ids=pos[first],
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )  # last position only, as HF's prefill
-    logits = out.logits[:, -1].float()[owner]  # (b, V)
-    cache = out.cache
+    pre = prefill(model, ids, am)  # the distinct prompts once, their cache then repeated over each group's rows
+    logits, cache, owner, pos = pre.logits, pre.cache, pre.owner, pre.pos  # (b, V), …, (b,), (b, Tp)
     cache.layers = [BufferedLayer(layer.keys[owner], layer.values[owner], max_new_tokens) for layer in cache.layers]
 
     rows = torch.arange(b, device=ids.device)  # the decode batch's rows (finished ones may linger), in order

@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from projected_grpo.common.log import PhaseTimer, StepLog
+from projected_grpo.common.log import progress as progress_display
 from projected_grpo.common.stats import rate
 from projected_grpo.env.grader import grade_batch
 from projected_grpo.env.modes import LOOPHOLE_MODES, mode_of
@@ -751,9 +751,8 @@ def train(
     else:
         save_checkpoint(out_dir, 0, model, opt, d.checkpoint())  # update 0 = the base policy (eval's first point)
     log = StepLog(log_path, resume_step=start, timings=timings_path)
-    pbar = tqdm(
-        range(start, g.steps), initial=start, total=g.steps, desc=f"train {arm.name} s{seed}", disable=not progress
-    )
+    steps = range(start, g.steps)
+    pbar = progress_display(steps, f"train {arm.name} s{seed}", total=g.steps, initial=start) if progress else steps
     for step in pbar:
         t0, timer = time.perf_counter(), PhaseTimer(STEP_PHASES)
         rng = random.Random(f"{seed}:{step}")  # everything random in step t is seeded from (seed, t)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from projected_grpo.common.log import progress as progress_display
 from projected_grpo.policy.model import render_prompt
 
 
@@ -120,7 +120,7 @@ def sft_train(
     losses = []
     order = torch.randperm(len(data), generator=g).tolist()
     pos = 0
-    bar = tqdm(range(steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    bar = progress_display(range(steps), "sft", terminal=progress)  # a log gets a line a minute
     for step in bar:
         if pos + batch_size > len(order):  # a fresh seeded permutation per epoch
             order, pos = torch.randperm(len(data), generator=g).tolist(), 0
