@@ -161,9 +161,20 @@ def test_result_contents_deterministic(sb):
     assert len(set(rnd)) == 6
 
 
-def test_progress_bar(sb, capsys):
+def test_progress_bar(sb, capsys, monkeypatch):
+    """progress=True: a tqdm bar on a terminal; in a log, `common.log.LogBar` lines (here one per item, every_s 0)."""
+    import sys
+
+    from projected_grpo.common import log
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert [r.result for r in sb.run([ALIVE] * 3, progress=True)] == [b"alive"] * 3
     assert "sandbox" in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    monkeypatch.setattr(log, "LOG_EVERY_S", 0.0)
+    assert [r.result for r in sb.run([ALIVE] * 3, progress=True)] == [b"alive"] * 3
+    err = capsys.readouterr().err
+    assert "sandbox: 3/3 (100%)" in err and "it/s" in err and err.rstrip().endswith("(done)"), err
 
 
 def test_empty_batch(sb):

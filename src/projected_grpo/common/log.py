@@ -95,11 +95,14 @@ def _hms(s: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
+LOG_EVERY_S = 60.0  # seconds between two progress lines in a log
+
+
 class LogBar:
-    """A progress report for a log file: at most one line every `every_s` seconds, to `out` (stderr), with the count,
-    the rate, the elapsed time, the ETA and the postfix, e.g. `sft: 1200/6000 (20%) 1.14 it/s, 17:32 elapsed, ETA
-    70:10 | loss 0.412`; and a last line when the loop ends, if it printed any. A loop shorter than `every_s` prints
-    nothing. Iterates like `tqdm` and takes `set_postfix` the same way."""
+    """A progress report for a log file: at most one line every `every_s` seconds (default `LOG_EVERY_S`), to `out`
+    (stderr), with the count, the rate, the elapsed time, the ETA and the postfix, e.g. `sft: 1200/6000 (20%) 1.14
+    it/s, 17:32 elapsed, ETA 70:10 | loss 0.412`; and a last line when the loop ends, if it printed any. A loop shorter
+    than `every_s` prints nothing. Iterates like `tqdm` and takes `set_postfix` the same way."""
 
     def __init__(
         self,
@@ -107,11 +110,12 @@ class LogBar:
         desc: str,
         total: int | None = None,
         initial: int = 0,
-        every_s: float = 60.0,
+        every_s: float | None = None,
         out=None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.iterable, self.desc, self.every_s, self.clock = iterable, desc, every_s, clock
+        self.iterable, self.desc, self.clock = iterable, desc, clock
+        self.every_s = LOG_EVERY_S if every_s is None else every_s
         self.out = out if out is not None else sys.stderr
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
         self.n, self.initial, self.postfix = initial, initial, ""
