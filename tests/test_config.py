@@ -233,3 +233,31 @@ def test_a_bad_value_names_its_key_and_value_only(raw, section, key, value, othe
     msg = str(e.value)
     assert msg.startswith(f"{section}.{key} must be ") and msg.endswith(f", got {value!r}"), msg
     assert not any(o in msg for o in others), msg
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["basis.pairset=prog_wider"], ["seeds=[41,42,43,44]"], ["env.modes=[run_tests,gt_only]", "grpo.lr=0.01"]],
+)
+def test_dvc_set_keeps_every_comment_of_params_yaml(tmp_path, overrides):
+    """`dvc exp run -S` rewrites params.yaml with DVC's own YAML writer (dvc.utils.hydra.apply_overrides): every
+    comment line must survive, in order (it used to drop the comments beside and after list items), and only the
+    overridden keys may change value."""
+    import shutil
+
+    from dvc.utils.hydra import apply_overrides
+
+    params = tmp_path / "params.yaml"
+    shutil.copy(ROOT / "params.yaml", params)
+    apply_overrides(params, overrides)
+    comments = lambda text: [ln.strip() for ln in text.splitlines() if ln.strip().startswith("#")]  # noqa: E731
+    before, after = (ROOT / "params.yaml").read_text(), params.read_text()
+    assert comments(after) == comments(before)
+    old, new = yaml.safe_load(before), yaml.safe_load(after)
+    for o in overrides:
+        *path, last = o.split("=", 1)[0].split(".")
+        n, d = new, old
+        for k in path:
+            n, d = n[k], d[k]
+        n.pop(last), d.pop(last)
+    assert new == old
