@@ -42,6 +42,8 @@ def main(report: Path = typer.Option(ROOT / "reports/bench/tests.md", help="Mark
     if cmd[:3] != ["python", "-m", "pytest"]:
         raise typer.BadParameter(f"the README's test command is {shlex.join(cmd)!r}, not `python -m pytest …`")
     run = [sys.executable, *cmd[1:], "-p", "no:cacheprovider", "--durations=15"]
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = short_commit(ROOT) + (" with uncommitted changes" if dirty else "")
     before = loadavg()
     t0 = time.perf_counter()
     r = subprocess.run(run, cwd=ROOT, capture_output=True, text=True)
@@ -58,7 +60,7 @@ def main(report: Path = typer.Option(ROOT / "reports/bench/tests.md", help="Mark
         f"README test command, measured end to end: {wall / 60:.1f} min (`{shlex.join(cmd)}`, exit {r.returncode}; "
         f"target <= {TARGET_MIN:g} min: {verdict})",
         "",
-        f"Counts: {', '.join(f'{v} {k}' for k, v in c.items())}. Commit {short_commit(ROOT)}; {machine()}; "
+        f"Counts: {', '.join(f'{v} {k}' for k, v in c.items())}. Commit {commit}; {machine()}; "
         f"load average (1 / 5 / 15 min) {before} before, {loadavg()} after. One run (n = 1).",
         "",
         "| slowest tests | seconds |",
