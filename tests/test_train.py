@@ -83,8 +83,21 @@ from projected_grpo.rl.train import (
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
-# the no-cheat arms: every routing arm but the oracle bounds (and the variants' random controls: their variant's path)
-ROUTING = [a for a, s in ARMS.items() if s.routes and not s.oracle_gate and not (s.random_dir and s.overrides)]
+# Masked routing's variants run end to end by a covering set, not one by one (issue 44: the suite per rule and gate,
+# not per name): between them they set every override key of MASKED_VARIANTS, and the deploy rows both gated and not
+# (test_masked_cover_sets_every_override_key keeps it so); every variant's wiring is checked without training.
+MASKED_COVER = ("act_mr_is_deploy_gate_q", "act_mr_is_deploy", "act_mr_is_tail", "act_mr_is_deploy_gate_q_cap", "heal")
+# the no-cheat arms: one per code path — every rule with its gate and its control's kind (random, mass- or
+# share-matched), the act gate, route_masked and its covering variants, and the oracle basis on one gated rule and
+# on masked routing (the variants' random controls and the other oracle-basis twins take the same paths)
+ROUTING = [
+    a
+    for a, s in ARMS.items()
+    if s.routes
+    and not s.oracle_gate
+    and not (s.random_dir and s.overrides)
+    and (not a.startswith("route_masked_") or a.removeprefix("route_masked_") in MASKED_COVER + ("random",))
+] + ["route_masked_oracle_basis", "route_masked_oracle_basis_random"]
 ORACLE_GATED = [a for a, spec in ARMS.items() if spec.oracle_gate]
 
 
@@ -1179,7 +1192,31 @@ def test_separate_quarantine_trains_masked_routing_and_refuses_the_other_rules(w
     assert not (tmp_path / "r").exists()
 
 
+def test_masked_cover_sets_every_override_key():
+    """The covering set of masked variants (MASKED_COVER) sets every override key some variant sets, and covers the
+    deploy rows both gated and ungated, so a new key without an end-to-end run fails here."""
+    keys = lambda sfx: {k for k, _ in MASKED_VARIANTS[sfx]}  # noqa: E731
+    assert set(MASKED_COVER) <= set(MASKED_VARIANTS)
+    assert set().union(*map(keys, MASKED_COVER)) == set().union(*map(keys, MASKED_VARIANTS))
+    deploy = [s for s in MASKED_COVER if "projection.deploy_frac" in keys(s)]
+    assert {"projection.deploy_gate" in keys(s) for s in deploy} == {True, False}
+
+
 @pytest.mark.parametrize("suffix", sorted(MASKED_VARIANTS))
+def test_every_masked_variant_is_route_masked_with_its_overrides(suffix):
+    """Every variant's wiring, without training: its rule, gate and control are route_masked's, and the params it
+    trains on are params.yaml's with exactly its overrides set (what train() reads; MASKED_COVER's run end to end)."""
+    a, base = get_arm(f"route_masked_{suffix}"), get_arm("route_masked")
+    assert (a.edit, a.gate, a.control) == (base.edit, base.gate, f"route_masked_{suffix}_random")
+    p0 = tiny_params()
+    want = p0
+    for key, v in MASKED_VARIANTS[suffix]:
+        sect, k = key.split(".")
+        want = dataclasses.replace(want, **{sect: dataclasses.replace(getattr(want, sect), **{k: v})})
+    assert a.params(p0) == want != p0
+
+
+@pytest.mark.parametrize("suffix", MASKED_COVER)
 def test_masked_variants_train_as_their_overrides_say(world, tmp_path, suffix):
     """route_masked_<suffix> is route_masked with its overrides: the same run as route_masked trained on params with
     them set (bitwise), and a different one from plain route_masked. (4 prompts a step: deploy's quarter is one.)"""
