@@ -42,7 +42,9 @@ def main(report: Path = typer.Option(ROOT / "reports/bench/tests.md", help="Mark
     if cmd[:3] != ["python", "-m", "pytest"]:
         raise typer.BadParameter(f"the README's test command is {shlex.join(cmd)!r}, not `python -m pytest …`")
     run = [sys.executable, *cmd[1:], "-p", "no:cacheprovider", "--durations=15"]
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    own = str(report.resolve().relative_to(ROOT)) if report.resolve().is_relative_to(ROOT) else None
+    dirty = [ln for ln in status.splitlines() if own is None or not ln.endswith(own)]  # its own report aside
     commit = short_commit(ROOT) + (" with uncommitted changes" if dirty else "")
     before = loadavg()
     t0 = time.perf_counter()
