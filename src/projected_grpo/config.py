@@ -34,8 +34,12 @@ def require(section: str, obj, **rules: tuple[typing.Callable[[Any], bool], str]
             raise ValueError(f"{section}.{key} must be {must}, got {v!r}")
 
 
-POS = (lambda v: v >= 1, ">= 1")  # the common rules of `require`
-NONNEG = (lambda v: v >= 0, ">= 0")
+def at_least(n: float, note: str = "") -> tuple[typing.Callable[[Any], bool], str]:
+    """A `require` rule: v >= n."""
+    return (lambda v: v >= n), f">= {n}{note}"
+
+
+POS, NONNEG = at_least(1), at_least(0)  # the common rules of `require`
 PROB = (lambda v: 0 <= v <= 1, "in [0, 1]")
 OPEN01 = (lambda v: 0 < v < 1, "in (0, 1)")
 TOP_P = (lambda v: 0 < v <= 1, "in (0, 1]")
@@ -226,8 +230,8 @@ class CalibrationParams:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        require("calibration", self, n_samples=POS, max_new_tokens=POS, batch_size=POS, temperature=POSITIVE)
-        require("calibration", self, top_p=TOP_P)
+        rules = dict(n_samples=POS, max_new_tokens=POS, batch_size=POS, temperature=POSITIVE, top_p=TOP_P)
+        require("calibration", self, **rules)
 
 
 ADAPTER_KINDS = ("svd", "lora")
@@ -438,7 +442,7 @@ class ProjectionParams:
     heal_batch: int = 8
 
     def __post_init__(self) -> None:
-        require("projection", self, heal_steps=(NONNEG[0], ">= 0 (0 = off)"), heal_lr=POSITIVE, heal_batch=POS)
+        require("projection", self, heal_steps=at_least(0, " (0 = off)"), heal_lr=POSITIVE, heal_batch=POS)
         if self.masked_is_cap is not None and not self.masked_is:
             raise ValueError(
                 f"projection.masked_is_cap caps masked_is's ratio: needs masked_is: true, got masked_is: false and "
@@ -503,7 +507,7 @@ class BasisParams:
             raise ValueError(f"basis.space must be one of {BASIS_SPACES}, got {self.space!r}")
         if self.k < 1:
             raise ValueError(f"basis.k must be >= 1, got {self.k}")
-        require("basis", self, tau=PROB, alpha_sig=OPEN01, n_flips=(lambda v: v >= 20, ">= 20"))
+        require("basis", self, tau=PROB, alpha_sig=OPEN01, n_flips=at_least(20))
         if not 0 <= self.drop_bottom_frac < 1:
             raise ValueError(f"basis.drop_bottom_frac must be in [0, 1), got {self.drop_bottom_frac}")
         if self.score_norm not in ("none", "per_type_zscore"):
@@ -528,8 +532,7 @@ class OracleBasisParams:
     batch_size: int = 32
 
     def __post_init__(self) -> None:
-        two = (lambda v: v >= 2, ">= 2")
-        require("oracle_basis", self, problems=two, samples=two, batch_size=POS)
+        require("oracle_basis", self, problems=at_least(2), samples=at_least(2), batch_size=POS)
         if not 0 < self.cal_frac < 1:
             raise ValueError(f"oracle_basis.cal_frac must be in (0, 1), got {self.cal_frac}")
 
@@ -593,9 +596,7 @@ class ProbeParams:
     n_boot: int = 1000
 
     def __post_init__(self) -> None:
-        require(
-            "probe", self, n_rows=(lambda v: v >= 2, ">= 2"), micro_batch=POS, n_boot=(lambda v: v >= 100, ">= 100")
-        )
+        require("probe", self, n_rows=at_least(2), micro_batch=POS, n_boot=at_least(100))
 
 
 @dataclass(frozen=True)

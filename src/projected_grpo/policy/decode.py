@@ -135,12 +135,10 @@ def sample_static(
     """(b, Tp) left-padded prompt ids and mask -> (b, T_c) sampled tokens, pad after each row's EOS, as
     `rollout.sample_chunk`. knob: (b,) 1 where a row samples with δS_h (knob on), 0 where knob off (the deployed
     policy); None: every row as the adapters stand."""
-    from projected_grpo.policy.rollout import DRAWS, logits_processors, prefill
+    from projected_grpo.policy.rollout import TokenDraw, prefill
 
     b, Tp = ids.shape
-    dev, pick = ids.device, DRAWS[draw]
-    procs = logits_processors(temperature, top_p)
-    eos = torch.tensor(eos_ids, device=dev)
+    dev = ids.device
     L = -(-(Tp + max_new_tokens) // 16) * 16  # cache columns, a multiple of 16 (aligned mask rows)
 
     pre = prefill(model, ids, am, knob)  # a group's rows share one prefill (per knob state)
@@ -165,16 +163,12 @@ def sample_static(
 
     order = torch.arange(b, device=dev)  # slot i holds row order[i]; slots [:n] decode
     n = b
-    done = torch.zeros(b, dtype=torch.bool, device=dev)  # (b,) rows that have sampled an EOS
-    scores = torch.zeros(b, logits.shape[-1], device=dev)  # (b, V) every row, as HF's draw sees them
+    draw_ = TokenDraw(b, logits.shape[-1], temperature, top_p, draw, eos_ids, pad_id, dev)  # the shared engine's
+    done = draw_.done  # (b,) rows that have sampled an EOS
     tokens = []
     for t in range(max_new_tokens):
-        scores[order[:n]] = logits  # finished rows still in the batch too, as the shared engine's lingering rows
-        s = procs(None, scores)
-        nxt = pick(torch.softmax(s, -1)) if temperature > 0 else s.argmax(-1)  # (b,)
-        nxt = nxt.masked_fill(done, pad_id)  # finished rows append padding, as in HF
+        nxt = draw_(order[:n], logits)  # finished rows still in the batch too, as the shared engine's lingering rows
         tokens.append(nxt)
-        done |= torch.isin(nxt, eos)
         if bool(done.all()) or t + 1 == max_new_tokens:
             break
         running = ~done[order[:n]]  # (n,) slots still sampling

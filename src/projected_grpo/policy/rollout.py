@@ -352,6 +352,30 @@ def group_runs(ids: Tensor, am: Tensor) -> tuple[Tensor, Tensor]:
     return new.nonzero().squeeze(-1), new.long().cumsum(0) - 1
 
 
+class TokenDraw:
+    """The token draw both engines share: each step every row's logits enter the (b, V) scores every row keeps (as
+    HF's draw sees them), the warpers for (temperature, top_p) apply, and one token per row is drawn (`DRAWS[draw]`;
+    greedy at temperature 0), finished rows included, so the random stream depends only on b and the step count;
+    a finished row appends padding. `done` (b,) marks the rows that have sampled an EOS."""
+
+    def __init__(
+        self, b: int, V: int, temperature: float, top_p: float, draw: str, eos_ids: list[int], pad_id: int, device
+    ):
+        self.procs, self.pick = logits_processors(temperature, top_p), DRAWS[draw]
+        self.temperature, self.pad_id = temperature, pad_id
+        self.eos = torch.tensor(eos_ids, device=device)
+        self.scores = torch.zeros(b, V, device=device)  # (b, V)
+        self.done = torch.zeros(b, dtype=torch.bool, device=device)  # (b,)
+
+    def __call__(self, rows: Tensor, logits: Tensor) -> Tensor:  # rows (n,), logits (n, V) -> (b,) tokens
+        self.scores[rows] = logits
+        s = self.procs(None, self.scores)
+        nxt = self.pick(torch.softmax(s, -1)) if self.temperature > 0 else s.argmax(-1)  # (b,)
+        nxt = nxt.masked_fill(self.done, self.pad_id)  # finished rows append padding, as in HF
+        self.done |= torch.isin(nxt, self.eos)
+        return nxt
+
+
 @dataclass
 class Prefill:
     """A chunk's prompts run once per distinct prompt (and knob state): `logits` (b, V) fp32 of each row's last prompt
@@ -397,25 +421,19 @@ def sample_chunk(
     """(b, Tp) left-padded prompt ids and mask -> (b, T_c) sampled tokens, pad after each row's EOS; T_c = steps until
     every row has stopped or max_new_tokens. Draws from the global RNG (`DRAWS[draw]`: "multinomial" is exactly HF
     `generate`'s draw)."""
-    b, pick = ids.shape[0], DRAWS[draw]
-    procs = logits_processors(temperature, top_p)
-    eos = torch.tensor(eos_ids, device=ids.device)
+    b = ids.shape[0]
     pre = prefill(model, ids, am)  # the distinct prompts once, their cache then repeated over each group's rows
     logits, cache, owner, pos = pre.logits, pre.cache, pre.owner, pre.pos  # (b, V), …, (b,), (b, Tp)
     cache.layers = [BufferedLayer(layer.keys[owner], layer.values[owner], max_new_tokens) for layer in cache.layers]
 
     rows = torch.arange(b, device=ids.device)  # the decode batch's rows (finished ones may linger), in order
-    done = torch.zeros(b, dtype=torch.bool, device=ids.device)  # (b,) rows that have sampled an EOS
     last = pos[:, -1:]  # (n_batch, 1) position of each batch row's last token; am: (n_batch, Tp + t)
-    scores = torch.zeros(b, logits.shape[-1], device=ids.device)  # (b, V) every row, as HF's draw sees them
+    draw_ = TokenDraw(b, logits.shape[-1], temperature, top_p, draw, eos_ids, pad_id, ids.device)
+    done = draw_.done  # (b,) rows that have sampled an EOS
     tokens = []  # (b,) per step
     for t in range(max_new_tokens):
-        scores[rows] = logits
-        s = procs(None, scores)
-        nxt = pick(torch.softmax(s, -1)) if temperature > 0 else s.argmax(-1)  # (b,)
-        nxt = nxt.masked_fill(done, pad_id)  # finished rows append padding, as in HF
+        nxt = draw_(rows, logits)
         tokens.append(nxt)
-        done |= torch.isin(nxt, eos)
         if bool(done.all()) or t + 1 == max_new_tokens:
             break
         if 4 * int(done[rows].sum()) >= len(rows):  # a quarter of the batch has finished: drop those rows
