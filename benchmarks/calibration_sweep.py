@@ -13,7 +13,9 @@ off at a fixed step, so the first S steps of a longer run ARE the S-step run; a 
 step. Runs are sequential (one at a time: this machine has 2 cores); with --work an interrupted sweep resumes.
 
 An override is `section.key=value` (YAML value), as `dvc exp run -S` takes it; `--variant` takes several,
-comma-separated, and may be repeated (one variant each); the empty variant "" is params.yaml itself.
+comma-separated, and may be repeated (one variant each); the empty variant "" is params.yaml itself. An arm is a run
+key of params.yaml's arm table (`vanilla`, `route`, `route+random`: method/arms.py), resolved under each variant's
+params (`arm.route.edit=route_per_rollout` changes what `route` runs).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from harness import ROOT, md_row, src_env, timed_run, write_report
 
 from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params, overlay
-from projected_grpo.method.arms import get_arm
+from projected_grpo.method.arms import parse
 
 
 def apply_overrides(params: dict, overrides: list[str]) -> dict:
@@ -59,12 +61,14 @@ def parse_variant(v: str) -> list[str]:
 
 
 def run_one(params_file: Path, arm: str, seed: int, work: Path) -> tuple[list[dict], float]:
-    a = get_arm(arm)
+    a = parse(load_params(params_file), arm)  # a run key of the params' arm table: entry + variant
     cmd = [
         sys.executable,
         str(ROOT / "stages" / "train.py"),
         "--arm",
-        arm,
+        a.arm,
+        "--variant",
+        a.variant,
         "--seed",
         str(seed),
         "--organism",
@@ -156,7 +160,9 @@ def report(
 def main(
     variant: list[str] = typer.Option([""], help="Overrides of one variant, comma-separated; repeat per variant."),
     seeds: str = typer.Option("41,42,43", help="Training seeds, comma-separated."),
-    arms: str = typer.Option("vanilla", help="Arms, comma-separated (e.g. vanilla,gt_only)."),
+    arms: str = typer.Option(
+        "vanilla", help="Run keys of the arm table, comma-separated (e.g. vanilla,route+random)."
+    ),
     horizons: str = typer.Option("40,60,80,100", help="Steps at which the last-5 means are reported."),
     out: Path = typer.Option(ROOT / "reports" / "bench" / "calibration.md", help="Markdown report."),
     note: list[str] = typer.Option([], help="A line for the report's Notes section (repeatable)."),
@@ -171,17 +177,23 @@ def main(
     seed_list = [int(s) for s in seeds.split(",")]
     arm_list = [a.strip() for a in arms.split(",") if a.strip()]
     hz = [int(h) for h in horizons.split(",")]
-    for a in arm_list:
-        get_arm(a)  # unknown arm: fail before any run
     tmp = work or Path(tempfile.mkdtemp(prefix="calib_"))
     tmp.mkdir(parents=True, exist_ok=True)
     print(f"runs in {tmp}", flush=True)
-    results = []  # (variant, arm, seed, rows, wall)
-    t0 = time.perf_counter()
-    for vi, v in enumerate(variant):
+    files = []
+    for vi, v in enumerate(variant):  # every variant's params and arms checked before any run
         pf = tmp / f"params_v{vi}.yaml"
         pf.write_text(yaml.safe_dump(apply_overrides(base, parse_variant(v)), sort_keys=False))
-        load_params(pf)  # unknown keys / bad values stop here
+        p = load_params(pf)  # unknown keys / bad values stop here
+        for a in arm_list:
+            try:
+                parse(p, a)  # unknown arm or variant
+            except ValueError as e:
+                raise typer.BadParameter(f"variant {v or '(params.yaml)'!r}: {e}") from None
+        files.append(pf)
+    results = []  # (variant, arm, seed, rows, wall)
+    t0 = time.perf_counter()
+    for vi, (v, pf) in enumerate(zip(variant, files)):
         for a in arm_list:
             for s in seed_list:
                 rd = tmp / f"v{vi}_{a}_s{s}"

@@ -11,7 +11,9 @@ Two parts, each recorded even when the other fails:
   tokenizer stands in for Qwen's (random weights sample ids it cannot decode: completions run to the token budget,
   the worst case for memory). route_per_rollout reads a random basis (k 8 per module) and calibrates its gate on the
   held-out pairs of the tiny chain's problems, so probes, gates and the knob run at this shape too; an act-gated arm
-  (e.g. route_masked_act_mr_is) reads a random unit v_act beside it.
+  (basis.space=act, e.g. params.yaml's `route`) reads a random unit v_act beside it. An arm is a run key of
+  params.yaml's arm table (`route`, `route+random`) or a rule's name (`route_per_rollout`, an entry of its own), run
+  on `arms.run_params` of the shape's params plus the run's own `key=value` overrides (`parse_runs`).
 
   python benchmarks/gpu_smoke.py --out /tmp/gpu.json                       # on the GPU machine
   python benchmarks/gpu_smoke.py --out /tmp/cpu.json --device cpu --layers 2  # this script's code path, here
@@ -44,14 +46,25 @@ def part_tiny(work: Path, device: str) -> dict:
 
 
 def parse_runs(spec: str) -> list[dict]:
-    """'arm:BxGxT:micro[:ckpt],…' -> [{arm, prompts, group, new_tokens, micro, ckpt}]: one GRPO step each (ckpt
-    forces grpo.grad_checkpointing on; without it the override set's value holds)."""
+    """'arm:BxGxT:micro[:ckpt][:section.key=value…],…' -> [{arm, prompts, group, new_tokens, micro, ckpt, set}]: one
+    GRPO step each (ckpt forces grpo.grad_checkpointing on; without it the override set's value holds; `set`: the
+    run's params overrides, YAML values, as `dvc exp run -S` takes them)."""
     out = []
     for item in spec.split(","):
         arm, bgt, micro, *flags = item.split(":")
         b, g, t = (int(x) for x in bgt.split("x"))
-        out.append(dict(arm=arm, prompts=b, group=g, new_tokens=t, micro=int(micro), ckpt="ckpt" in flags))
+        over = tuple((k, yaml.safe_load(v)) for k, _, v in (f.partition("=") for f in flags if "=" in f))
+        out.append(dict(arm=arm, prompts=b, group=g, new_tokens=t, micro=int(micro), ckpt="ckpt" in flags, set=over))
     return out
+
+
+def run_arm(p, key: str):
+    """The spec of a run key of p's arm table, or of a rule's name run as an entry of its own (`route_per_rollout`,
+    `route_per_rollout+random`)."""
+    from projected_grpo.method.arms import make, parse
+
+    name, _, variant = key.partition("+")
+    return parse(p, key) if name in p.arm else make(name, name, variant, basis=name != "vanilla")
 
 
 def shape_params(run: dict, device: str):
@@ -129,12 +142,13 @@ def part_shape(
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else lambda: None
 
+    from projected_grpo.config import with_overrides
     from projected_grpo.env.problems import load_problems_parquet
     from projected_grpo.env.sandbox import Sandbox
-    from projected_grpo.method.arms import get_arm
+    from projected_grpo.method.arms import run_params
     from projected_grpo.method.direction import load_run_basis
     from projected_grpo.policy.adapter import attach_adapters
-    from projected_grpo.rl.train import train
+    from projected_grpo.rl.train import Run, train
 
     out = {"layers": layers, "small": small, "runs": {}}
     problems = tiny_root / "artifacts/problems"
@@ -174,13 +188,15 @@ def part_shape(
 
     loop.preflight = spy
     for i, r in enumerate(runs):
-        arm, res = get_arm(r["arm"]), {"run": r}
-        p = arm.params(shape_params(r, device))  # the arm's overrides (a masked variant's gate, quarantine, …)
+        p0 = with_overrides(shape_params(r, device), r.get("set", ()))  # the run's own overrides (a recipe)
+        arm, res = run_arm(p0, r["arm"]), {"run": r}
+        p = run_params(p0, arm)  # as the train stage runs it: the keys only masked routing reads neutral elsewhere
         if p.adapter.quarantine != attached:
             tok = build(p)
         g = p.grpo
         label = (
-            f"{r['arm']} {r['prompts']}x{r['group']}x{r['new_tokens']}, micro-batch {g.micro_batch} rows / "
+            f"{r['arm']}{''.join(f' {k}={v}' for k, v in r.get('set', ()))} "
+            f"{r['prompts']}x{r['group']}x{r['new_tokens']}, micro-batch {g.micro_batch} rows / "
             f"{g.micro_batch_tokens} tokens, sampling {p.rollout.batch_size} rows, ckpt {int(g.grad_checkpointing)}"
         )
         try:
@@ -191,7 +207,8 @@ def part_shape(
             d = work / f"shape_{i}"
             t0 = time.perf_counter()
             with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-                train(p, arm, 0, model, tok, records, sb, d / "ckpt", d / "log.tsv", rb=rb, timings_path=d / "t.tsv")
+                out = (d / "ckpt", d / "log.tsv")
+                train(Run(p, arm, 0, model, tok, records, *out, rb, sandbox=sb, timings_path=d / "t.tsv"))
             sync()
             res["step_s"] = round(time.perf_counter() - t0, 1)
             res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
@@ -295,8 +312,8 @@ def main(
     out: Path = typer.Option(None, help="Results JSON to write (not needed with --render)."),
     device: str = typer.Option("cuda", help="Torch device (cpu: a check of this script's code path)."),
     runs: str = typer.Option(
-        "vanilla:2x4x256:4,route_per_rollout:2x4x256:4",
-        help="Shape part, one GRPO step each: arm:BxGxT:micro_batch[:ckpt], comma-separated (parse_runs).",
+        "vanilla:2x4x256:4,route_per_rollout:2x4x256:4:basis.space=grad:projection.deploy_frac=0",
+        help="Shape part, one GRPO step each: arm:BxGxT:micro_batch[:ckpt][:key=value…], comma-separated: parse_runs.",
     ),
     layers: int = typer.Option(36, help="Shape part: decoder layers (Qwen3-4B has 36)."),
     tiny_root: Path = typer.Option(None, help="Reuse a finished tiny chain (skips the tiny part)."),

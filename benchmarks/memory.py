@@ -28,7 +28,7 @@ from projected_grpo.policy.adapter import attach_adapters
 from projected_grpo.policy.checkpointing import activation_checkpointing
 from projected_grpo.policy.logprobs import shared_prompt_logprobs
 from projected_grpo.policy.rollout import group_runs, sample_chunk
-from projected_grpo.rl.grpo_loss import grpo_loss
+from projected_grpo.rl.grpo_loss import LossSpec, grpo_loss
 from projected_grpo.rl.memory import QWEN3_4B, GiB, adapter_shape, estimate, model_shape, step_shape
 
 TINY = {  # toy widths (--tiny)
@@ -101,7 +101,7 @@ def main(tiny: bool = typer.Option(False, help="Toy widths (a smoke run of the c
         torch.cuda.reset_peak_memory_stats(device)
     with activation_checkpointing(model, g.grad_checkpointing):
         logp = shared_prompt_logprobs(model, pi, pm, ci, cm, r.temperature, *group_runs(pi, pm))
-        loss, _ = grpo_loss(logp, logp.detach(), None, adv, cm, 0.2, 0.2, 0.0, T, n_rows=b, loss_type="dapo")
+        loss, _ = grpo_loss(logp, logp.detach(), None, adv, cm, LossSpec(0.2, 0.2, 0.0, T, "dapo"), n_rows=b)
         loss.backward()
     loss_peak = peak_above(base, device)
 

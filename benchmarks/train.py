@@ -81,8 +81,8 @@ from projected_grpo.env.modes import MODES, apply_mode
 from projected_grpo.env.substrate import base_splits
 from projected_grpo.method import gate as gate_mod
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import get_arm
-from projected_grpo.method.basis import build_basis, completion_grads
+from projected_grpo.method.arms import Arm, make, run_params
+from projected_grpo.method.basis import BasisSettings, build_basis, completion_grads
 from projected_grpo.method.direction import RunBasis
 from projected_grpo.method.gate import HeldOutPairs
 from projected_grpo.method.optim import RotatedAdam
@@ -95,7 +95,7 @@ from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.policy.tokenizer import SPECIAL_TOKENS as SPECIAL
 from projected_grpo.rl import train as train_mod
 
-ARMS = ("vanilla", "erase_one_sided", "route_batch", "route_per_rollout")
+ARMS = ("vanilla", "erase_one_sided", "route_batch", "route_per_rollout")  # each an arm entry of its own rule
 AA = "vanilla, again (A/A)"
 SHARED = "vanilla, share_prompt"  # grpo.share_prompt=true: each distinct prompt once in the loss forwards
 TRL_FULL, TRL_DELTA = "TRL GRPOTrainer, all weights", "TRL GRPOTrainer, δS only"
@@ -201,7 +201,15 @@ def eos_sampling(sample_chunk):
 # --- the shared world: params, prompts, calibration pairs, basis ------------------------------------------------
 
 
+def arm_spec(name: str) -> Arm:
+    """The run spec of a benchmarked arm: an entry named after its rule (vanilla: plain coordinates, no basis)."""
+    return make(name, name, basis=name != "vanilla")
+
+
 def bench_params(B: int, G: int, max_new: int, micro_batch: int, steps: int, recal: int, rank: int, threads: int):
+    """params.yaml's, shrunk to the benchmark's shape, with the gradient gate and every group sampled knob on (the
+    measured arms' mechanics: params.yaml's act gate and deploy groups are masked routing's choices, and route_batch
+    takes no deploy groups); each arm then runs on its `arms.run_params`."""
     p = load_params(ROOT / "params.yaml")
     return dataclasses.replace(
         p,
@@ -218,10 +226,9 @@ def bench_params(B: int, G: int, max_new: int, micro_batch: int, steps: int, rec
         ),
         rollout=dataclasses.replace(p.rollout, max_new_tokens=max_new, max_prompt_tokens=4096 - max_new),
         pool=dataclasses.replace(p.pool, mix=0.0),
+        basis=dataclasses.replace(p.basis, space="grad"),
         # frozen basis: v_hack is never re-extracted during these steps (projection.refresh_every = 0)
-        projection=dataclasses.replace(
-            p.projection, recal_every=recal, **({"refresh_every": 0} if hasattr(p.projection, "refresh_every") else {})
-        ),
+        projection=dataclasses.replace(p.projection, recal_every=recal, refresh_every=0, deploy_frac=0.0),
     )
 
 
@@ -244,7 +251,7 @@ def build_world(p) -> dict:
     # permissive thresholds (as tests/test_train.py): a random model must still keep directions, or the edits are
     # no-ops and there is nothing to time; the module drop fraction and k are params.yaml's
     b = p.basis
-    basis = build_basis(gh, gc, "svd", b.k, 0.0, 0.99, 50, b.drop_bottom_frac, b.seed)
+    basis = build_basis(gh, gc, BasisSettings("svd", b.k, 0.0, 0.99, 50, b.drop_bottom_frac, b.seed))
     t_basis = time.perf_counter() - t
     if not basis.vh:
         raise RuntimeError("the benchmark basis kept no direction; the edits would be no-ops")
@@ -275,11 +282,12 @@ def ours_job(p, world: dict, arm_name: str, workdir: Path, after_reward, ph: Pha
     grader call."""
     if arm_name == SHARED:
         p, arm_name = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, share_prompt=True)), ARMS[0]
+    arm = arm_spec(arm_name)
+    p = run_params(p, arm)  # as the train stage runs it: the keys only masked routing reads neutral
     tok = tiny_tokenizer()
     m = tiny_model(len(tok))
     attach_adapters(m, p.adapter.targets, p.adapter.rank)
     instrument_model(m, eos_token_ids(m, tok), ph)
-    arm = get_arm(arm_name)
     tag = workdir.name
 
     def grade(records, texts, sandbox, timeout_s):
@@ -291,24 +299,24 @@ def ours_job(p, world: dict, arm_name: str, workdir: Path, after_reward, ph: Pha
         return out
 
     def run() -> None:
-        train_mod.train(
+        rb = RunBasis(
+            basis=world["basis"] if arm.reads_basis else None, cal=world["cal"] if arm.gate is not None else None
+        )
+        run = train_mod.Run(
             p,
             arm,
             SEED,
             m,
             tok,
             world["records"],
-            None,
             workdir / "ckpt",
             workdir / "log.tsv",
-            rb=RunBasis(
-                basis=world["basis"] if arm.reads_basis else None, cal=world["cal"] if arm.gate is not None else None
-            ),
+            rb,
             signature={"bench": arm_name},
-            progress=False,
             grade_fn=grade,
             timings_path=workdir / "timings.tsv",
         )
+        train_mod.train(run, progress=False)
 
     return run
 

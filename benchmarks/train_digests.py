@@ -35,6 +35,8 @@ def digest(tmp: Path, finals: dict) -> str:
             h.update(n.encode())
             h.update(t.contiguous().numpy().tobytes())
     for f in sorted((tmp / "ckpt").iterdir()):
+        if f.name == "run.json":  # provenance (the run's name, the code digest), not a result
+            continue
         h.update(f.name.encode())
         h.update(f.read_bytes())
     rows = (tmp / "log.tsv").read_text().splitlines()
@@ -45,47 +47,119 @@ def digest(tmp: Path, finals: dict) -> str:
     return h.hexdigest()[:20]
 
 
-def runs() -> dict[str, list[str]]:
+# The arm registry before issue 44 named variants; each run here records the name it had there (OLD), so a digest
+# file written by an older checkout compares run by run: `--compare OLD_FILE --compare NEW_FILE`.
+OLD_VARIANT = {
+    "": "",
+    "random": "_random",
+    "oracle_gate": "_oracle",
+    "oracle_basis": "_oracle_basis",
+    "oracle_basis+random": "_oracle_basis_random",
+}
+BASELINES = {  # entry -> (fields): the basis-free arms and the no-edit ones
+    "vanilla": {"basis": False},
+    "gt_only": {"reward": "gt_only", "basis": False},
+    "penalty": {"monitor": "penalty", "basis": False},
+    "screening": {"monitor": "screening", "basis": False},
+    "vanilla_no_pool": {"pool": False, "basis": False},
+    "vanilla_rotated": {},
+}
+
+
+def runs() -> tuple[dict[str, list[str]], dict[str, str]]:
     sys.path.insert(0, str(ROOT))  # the tiny world lives with the tests
-    from projected_grpo.method.arms import ARMS
+    from projected_grpo.config import with_overrides
+    from projected_grpo.method.arms import GATE_OF, NO_EDIT, make, run_params
+    from projected_grpo.method.projection import EDITS, RULES
     from projected_grpo.rl.pool import PoolRow
+    from tests.test_train import MASKED as MASKED_RECIPES
     from tests.test_train import refreshing, run, tiny_params
     from tests.test_train import world as world_fixture
 
     w = world_fixture.__wrapped__()
     out: dict[str, list[str]] = {}
+    old: dict[str, str] = {}
 
-    def case(name: str, arm: str, p=None, **kw) -> None:
+    def case(recipe: str, a, p=None, was: str | None = None, **kw) -> None:
+        name = f"{a.name}/{recipe}"
+        p = run_params(p or tiny_params(), a)
         with tempfile.TemporaryDirectory() as d:
             res: dict = {}
-            finals = run(w, arm, Path(d), p=p, result=res, **kw)
+            finals = run(w, a, Path(d), p=p, result=res, **kw)
             out[name] = [digest(Path(d), finals), json.dumps(res, sort_keys=True, default=str)]
+            old[name] = was or f"{a.arm}{OLD_VARIANT[a.variant]}/{recipe}"
             typer.echo(f"{name}: {out[name][0]}")
 
-    for a in ARMS:
-        case(f"{a}/default", a)
-    for a in ("route_per_rollout", "route_per_token_random", "erase_one_sided", "erase_one_sided_random"):
-        case(f"{a}/refresh", a, p=refreshing(2))
-    case("route_per_rollout/act", "route_per_rollout", p=tiny_params(basis={"space": "act"}))
-    share = ("vanilla", "route_per_rollout", "route_per_rollout_random", "erase_one_sided_random")
-    for a in (*share, "route_two_sided", "route_full", "route_masked"):  # own-token pieces; masked: (prompt, state)
-        case(f"{a}/share", a, p=tiny_params(share_prompt=True))
+    for n, kw in BASELINES.items():
+        case("default", make(n, "vanilla", **kw))
+    case("default", make("measure_only", "measure_only"))
+    for e in (x for x in (*EDITS, *(r for r in RULES if r not in EDITS)) if x not in NO_EDIT):
+        variants = ("", "random") + ("oracle_gate",) * (GATE_OF.get(e) == "rollout" and e != "route_batch")
+        for v in variants:
+            case("default", make(e, e, v))
+    act = tiny_params(basis={"space": "act"})
+    for e in ("route_per_rollout", "route_per_token"):
+        for v in ("", "random"):
+            case("act", make(e, e, v), p=act, was=f"{e}_act{OLD_VARIANT[v]}/default")
+    for suffix, over in MASKED_RECIPES.items():
+        deploy = dict(over).get("projection.deploy_frac")  # a quarter of 2 prompts is none: 4 a step
+        p = with_overrides(tiny_params(prompts_per_step=4 if deploy else 2), over)
+        for v in ("", "random", "oracle_gate"):
+            case(
+                suffix,
+                make("route_masked", "route_masked", v),
+                p=p,
+                was=f"route_masked_{suffix}{OLD_VARIANT[v]}/default",
+            )
+    for e, suffix in (
+        ("erase_one_sided", ""),
+        ("route_per_rollout", ""),
+        ("route_masked", ""),
+        ("route_masked", "mr"),
+        ("route_masked", "act"),
+    ):
+        p = with_overrides(tiny_params(), MASKED_RECIPES[suffix]) if suffix else None
+        for v in ("oracle_basis", "oracle_basis+random"):
+            a = make(e, e, v)
+            stem = f"{e}{'_' + suffix if suffix else ''}{OLD_VARIANT[v]}"
+            case(suffix or "default", a, p=p, was=f"{stem}/default")
+    for e, v in (
+        ("route_per_rollout", ""),
+        ("route_per_token", "random"),
+        ("erase_one_sided", ""),
+        ("erase_one_sided", "random"),
+    ):
+        case("refresh", make(e, e, v), p=refreshing(2))
+    old["route_per_rollout/act"] += ",route_per_rollout/act"  # the registry ran this one twice, under both names
+    shared = tiny_params(share_prompt=True)
+    for e, v in (
+        ("vanilla", ""),
+        ("route_per_rollout", ""),
+        ("route_per_rollout", "random"),
+        ("erase_one_sided", "random"),
+        ("route_two_sided", ""),
+        ("route_full", ""),
+        ("route_masked", ""),
+    ):
+        a = make(e, e, v, basis=e != "vanilla")
+        case("share", a, p=shared)
     tail = tiny_params(projection={"band": "tail", "f": 0.34})  # the top-tail gate (issue 25)
-    for a in ("route_per_rollout", "route_two_sided", "route_per_token"):
-        case(f"{a}/tail", a, p=tail)
-    for a in ("route_per_rollout", "route_full", "route_per_token"):  # half the prompts trained knob off (issue 25)
-        case(f"{a}/deploy", a, p=tiny_params(projection={"deploy_frac": 0.5}))
-    case("erase_one_sided_random/rank", "erase_one_sided_random", p=tiny_params(projection={"random_match": "rank"}))
+    for e in ("route_per_rollout", "route_two_sided", "route_per_token"):
+        case("tail", make(e, e), p=tail)
+    for e in ("route_per_rollout", "route_full", "route_per_token"):  # half the prompts trained knob off (issue 25)
+        case("deploy", make(e, e), p=tiny_params(projection={"deploy_frac": 0.5}))
+    rank = tiny_params(projection={"random_match": "rank"})
+    case("rank", make("erase_one_sided", "erase_one_sided", "random"), p=rank)
     tok, text = w["tok"], "```python\npass\n```"
     row = lambda q: PoolRow(q.id, None, text, tuple(tok(text)["input_ids"]) + (tok.eos_token_id,), 3.5, "hack", False)  # noqa: E731
     pool = {q.id: [row(q)] * 4 for q in w["records"]}
     pp = tiny_params()
     pp = dataclasses.replace(pp, pool=dataclasses.replace(pp.pool, mix=0.5, teacher_off_step=2))
-    case("vanilla/pool", "vanilla", p=pp, pool=pool)
-    case("vanilla_no_pool/pool", "vanilla_no_pool", p=pp, pool=pool)
+    case("pool", make("vanilla", "vanilla", basis=False), p=pp, pool=pool)
+    case("pool", make("vanilla_no_pool", "vanilla", pool=False, basis=False), p=pp, pool=pool)
     shared = dataclasses.replace(pp, grpo=dataclasses.replace(pp.grpo, share_prompt=True))
-    case("route_per_rollout/pool_share", "route_per_rollout", p=shared, pool=pool)
-    return out
+    case("pool_share", make("route_per_rollout", "route_per_rollout"), p=shared, pool=pool)
+    return out, old
 
 
 def main(
@@ -98,6 +172,8 @@ def main(
         if len(compare) != 2:
             raise typer.BadParameter("--compare takes two files: --compare A --compare B")
         a, b = (json.loads(f.read_text()) for f in compare)
+        renames = {**a.pop("__old_names__", {}), **b.pop("__old_names__", {})}  # this file's name -> the old ones'
+        a, b = ({o: v for k, v in x.items() for o in renames.get(k, k).split(",")} for x in (a, b))
         both = sorted(a.keys() & b.keys())
         bad = [k for k in both if a[k] != b[k]]
         gone, new = sorted(a.keys() - b.keys()), sorted(b.keys() - a.keys())  # new: runs of arms added since A
@@ -113,8 +189,10 @@ def main(
     import torch
 
     torch.set_num_threads(1)
-    d = runs()
-    out.write_text(json.dumps(d, indent=1, sort_keys=True))
+    d, old = runs()
+    out.write_text(
+        json.dumps({**d, "__old_names__": {k: v for k, v in old.items() if v != k}}, indent=1, sort_keys=True)
+    )
     typer.echo(f"{len(d)} runs -> {out}")
 
 

@@ -12,7 +12,7 @@ import typer
 
 from projected_grpo.common.cli import stage_app
 from projected_grpo.config import check_params
-from projected_grpo.method.arms import check_matrix, get_arm
+from projected_grpo.method.arms import check_matrix, matrix, run_params
 
 STAMP = "params.yaml passed stages/check_params.py\n"  # constant: downstream stages never re-run because of it
 
@@ -22,10 +22,10 @@ def main(
     params: Path = typer.Option(Path("params.yaml"), help="Params file to validate."),
 ) -> None:
     p = check_params(params)
-    check_matrix(p.arms_ref, p.arms, p.arms_oracle_basis)  # names from the arms' registry, each in its list
-    every = (*p.arms_ref, *p.arms, *p.arms_oracle_basis)
-    for name in every:
-        get_arm(name).params(p)  # a variant arm's overrides give valid params
+    check_matrix(p)  # the arm table's rules, each list's names in it, once each, in the right list
+    every = matrix(p)
+    for a in every:
+        run_params(p, a)  # each run's params (masked-only keys neutral for other rules) are valid
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(STAMP)
     typer.echo(f"check_params: {params} is valid ({len(every)} arms x {len(p.seeds)} seeds)")

@@ -18,13 +18,16 @@ from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
 from projected_grpo.evals import evaluation as ev
 from projected_grpo.evals.run_eval import evaluate_run, final_checkpoints, save_run_eval
-from projected_grpo.method.arms import get_arm
+from projected_grpo.method.arms import VARIANTS, resolve, run_params
 from projected_grpo.policy.adapter import load_policy
 from projected_grpo.rl.checkpoint import adapter_path
 
 
 def main(
-    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/method/arms.py)."),
+    arm: str = typer.Option(..., help="Arm: an entry of params.yaml's arm table."),
+    variant: str = typer.Option(
+        "", help=f"Run the arm as: {' | '.join(repr(v) for v in VARIANTS)} (random: its control; oracle_*: bounds)."
+    ),
     seed: int = typer.Option(..., help="Training seed of the run."),
     run: Path = typer.Option(..., help="The run's checkpoint directory (stage train)."),
     organism: Path = typer.Option(..., help="Organism directory (base/ is the policy when model.name=organism)."),
@@ -35,8 +38,9 @@ def main(
     timings: Path = typer.Option(None, help="Wall times of sampling / grading (JSON; a plain log, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
-    a = get_arm(arm)
-    p = a.params(load_params(params))  # params.yaml's, with the arm's overrides (a variant arm)
+    raw = load_params(params)
+    a = resolve(raw, arm, variant)
+    p = run_params(raw, a)  # params.yaml's, the keys only masked routing reads neutral for other rules
     e, steps = p.eval, final_checkpoints(run, p.grpo.steps, a, basis)  # fails before any work
     torch.set_num_threads(e.threads)
     base = json.loads((eval_sets / "base.json").read_text())
@@ -52,7 +56,7 @@ def main(
     if timings is not None:
         t = {"wall": time.perf_counter() - t0, "curve": r.curve_t.totals(), "endpoint": r.end_t.totals()}
         atomic.write_json(timings, t)
-    typer.echo(f"evaluate {arm} s{seed}: deploy solve {r.final['deploy']['solve']} -> {out}")
+    typer.echo(f"evaluate {a.name} s{seed}: deploy solve {r.final['deploy']['solve']} -> {out}")
 
 
 app = stage_app(main, outputs=("out",))

@@ -32,19 +32,7 @@ def main(
     teacher, tok = load_model_and_tokenizer(name, path, p.model.device, p.model.dtype)
     records = load_problems_parquet(problems / "train.parquet")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        rows = build_pool(
-            teacher,
-            tok,
-            records,
-            p.pool.n_per_prompt,
-            p.rollout.temperature,
-            p.rollout.top_p,
-            p.rollout.max_new_tokens,
-            p.seed,
-            p.pool.batch_size,
-            sb,
-            p.grader.timeout_s,
-        )
+        rows = build_pool(teacher, tok, records, p, sb)
     out.mkdir(parents=True, exist_ok=True)
     save_pool(out / "pool.parquet", rows)
     write_metrics(summary, stats := summarize_pool(rows))

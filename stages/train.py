@@ -17,15 +17,18 @@ from projected_grpo.common.log import read_tsv
 from projected_grpo.config import load_params
 from projected_grpo.env.problems import load_problems_parquet
 from projected_grpo.env.sandbox import Sandbox
-from projected_grpo.method.arms import get_arm
+from projected_grpo.method.arms import VARIANTS, resolve, run_params
 from projected_grpo.method.direction import load_run_basis
 from projected_grpo.policy.adapter import load_policy
 from projected_grpo.rl.pool import load_pool
-from projected_grpo.rl.train import run_flags, run_signature, summarize_log, train
+from projected_grpo.rl.train import Run, run_flags, run_signature, summarize_log, train
 
 
 def main(
-    arm: str = typer.Option(..., help="Arm name (src/projected_grpo/method/arms.py)."),
+    arm: str = typer.Option(..., help="Arm: an entry of params.yaml's arm table."),
+    variant: str = typer.Option(
+        "", help=f"Run the arm as: {' | '.join(repr(v) for v in VARIANTS)} (random: its control; oracle_*: bounds)."
+    ),
     seed: int = typer.Option(..., help="Training seed."),
     organism: Path = typer.Option(..., help="Organism directory (base/ is the policy when model.name=organism)."),
     problems: Path = typer.Option(..., help="Problems stage directory (train.parquet, holdout.parquet)."),
@@ -38,8 +41,9 @@ def main(
     pairsets: Path = typer.Option(None, help="Pair-set root (gate calibration, basis refresh)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file."),
 ) -> None:
-    a = get_arm(arm)
-    p = a.params(load_params(params))  # params.yaml's, with the arm's overrides (a variant arm)
+    raw = load_params(params)
+    a = resolve(raw, arm, variant)
+    p = run_params(raw, a)  # params.yaml's, the keys only masked routing reads neutral for other rules
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
     rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast
@@ -48,11 +52,10 @@ def main(
     rows = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None  # the teacher pool's rows
     sig = run_signature(p, a, seed, basis)  # a resumed run must have been started with these inputs
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        res = train(
-            p, a, seed, model, tok, records, sb, out, log, rb=rb, pool=rows, signature=sig, timings_path=timings
-        )
+        run = Run(p, a, seed, model, tok, records, out, log, rb, rows, sb, sig, timings_path=timings)
+        res = train(run)
     write_metrics(metrics, summarize_log(read_tsv(log)) | run_flags(res))
-    typer.echo(f"train {arm} s{seed}: {p.grpo.steps} steps -> {out}")
+    typer.echo(f"train {a.name} s{seed}: {p.grpo.steps} steps -> {out}")
 
 
 app = stage_app(main, outputs=("metrics",))

@@ -13,6 +13,7 @@ from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import apply_mode
 from projected_grpo.method.basis import (
     Basis,
+    BasisSettings,
     auroc,
     build_basis,
     completion_grads,
@@ -135,15 +136,15 @@ def test_build_basis_methods_and_scoring():
     hack = {n: sig[n] * dirs[n] / dirs[n].norm() + torch.randn(P, r, generator=g, dtype=torch.float64) for n in sig}
     clean = {n: torch.randn(P, r, generator=g, dtype=torch.float64) for n in sig}
     kw = dict(k_max=4, tau_rel=0.1, alpha_sig=0.05, n_flips=400, drop_frac=0.5, seed=0)
-    b = build_basis(hack, clean, "svd", **kw)
+    b = build_basis(hack, clean, BasisSettings("svd", **kw))
     assert set(b.vh) == {"m.q_proj", "m.down_proj"}, "the two signal-less modules are dropped by score"
     nu_norm = math.sqrt(sum(float(v.pow(2).sum()) for v in b.nu.values()))
     assert abs(nu_norm - 1) < 1e-9
-    rnd = build_basis(hack, clean, "random", **kw, like=b)
+    rnd = build_basis(hack, clean, BasisSettings("random", **kw), like=b)
     assert rnd.k == b.k and not torch.equal(rnd.vh["m.q_proj"], b.vh["m.q_proj"])
-    md = build_basis(hack, clean, "mean_diff", **kw)
+    md = build_basis(hack, clean, BasisSettings("mean_diff", **kw))
     assert all(v.shape[0] == 1 for v in md.vh.values())
-    so = build_basis(hack, clean, "solve_orth", **kw, solve_m=2)
+    so = build_basis(hack, clean, BasisSettings("solve_orth", **kw, solve_m=2))
     for n, v in so.vh.items():
         Q = top_directions(clean[n], 2)
         torch.testing.assert_close(v @ Q.T, torch.zeros(v.shape[0], 2, dtype=torch.float64), atol=1e-8, rtol=0)
@@ -152,7 +153,7 @@ def test_build_basis_methods_and_scoring():
     c2 = {n: torch.randn(P, r, generator=g, dtype=torch.float64) for n in sig}
     assert auroc(cosine_scores(h2, b.nu), cosine_scores(c2, b.nu)) > 0.9
     with pytest.raises(ValueError, match="needs the basis it controls for"):
-        build_basis(hack, clean, "random", **kw)
+        build_basis(hack, clean, BasisSettings("random", **kw))
 
 
 def test_basis_save_load_roundtrip(tmp_path):

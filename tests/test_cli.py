@@ -69,10 +69,12 @@ def train_inputs(tmp_path_factory) -> Path:
     return d
 
 
-def train_args(inputs: Path, tmp: Path, arm: str) -> list[str]:
+def train_args(inputs: Path, tmp: Path, arm: str, variant: str = "") -> list[str]:
     return [
         "--arm",
         arm,
+        "--variant",
+        variant,
         "--seed",
         "41",
         "--organism",
@@ -139,7 +141,13 @@ def test_unknown_arm(tmp_path, train_inputs):
         tmp_path / "params.yaml", model={"name": "tiny-random"}, adapter={"rank": 4}, basis={"k": 2}, pool={"mix": 0.0}
     )
     res = stage(tmp_path, "train", *train_args(train_inputs, tmp_path, "erase_sideways"))
-    assert_one_line(res, "unknown arm 'erase_sideways'", "erase_one_sided")
+    assert_one_line(res, "unknown arm 'erase_sideways'", "params.yaml's arm table has", "erase")
+    assert_nothing_written(tmp_path)
+    res = stage(tmp_path, "train", *train_args(train_inputs, tmp_path, "erase", "randomly"))  # a variant no run has
+    assert_one_line(res, "unknown variant 'randomly'", "'random'")
+    assert_nothing_written(tmp_path)
+    res = stage(tmp_path, "train", *train_args(train_inputs, tmp_path, "measure_only", "random"))  # nothing to control
+    assert_one_line(res, "measure_only", "edits nothing")
     assert_nothing_written(tmp_path)
     write_params(tmp_path / "params.yaml", arms=["erase_sideways"])  # the same mistake in params.yaml
     res = stage(
@@ -150,7 +158,7 @@ def test_unknown_arm(tmp_path, train_inputs):
         "--params",
         str(tmp_path / "params.yaml"),
     )
-    assert_one_line(res, "arms: unknown arm(s)", "erase_sideways")
+    assert_one_line(res, "arms: ['erase_sideways'] not in params.yaml's arm table")
     assert_nothing_written(tmp_path)
 
 

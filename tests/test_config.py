@@ -36,6 +36,7 @@ def test_params_yaml_sets_every_field(raw):
         ["grader", "timeout"],
         ["basis", "pair_set"],
         ["adapter", "r"],
+        ["arm", "route", "edt"],
     ],
 )
 def test_unknown_key_raises_keyerror_naming_it(raw, path):
@@ -90,6 +91,8 @@ def test_invalid_value_raises_valueerror(raw, section, key, value, msg):
     node[key] = value
     if key == "train_path":
         node["train_from_test"] = True
+    if key == "masked_is_cap":  # params.yaml runs masked routing's importance correction: turn it off
+        node["masked_is"] = False
     with pytest.raises(ValueError, match=msg):
         from_dict(Params, d)
 
@@ -162,38 +165,67 @@ def test_a_value_of_the_wrong_type_is_one_clear_error(over, msg):
         from_dict(Params, overlay(yaml.safe_load((ROOT / "params.yaml").read_text()), over))
 
 
+def test_arm_table_reads_as_entries(raw):
+    """params.yaml's `arm:` table reads into config.ArmEntry values, each field not set at its default (an entry names
+    only what sets it apart); an entry that is not a mapping, or a field of the wrong type, is one clear error."""
+    from projected_grpo.config import ArmEntry
+
+    p = from_dict(Params, raw)
+    assert p.arm and all(isinstance(e, ArmEntry) for e in p.arm.values())
+    for name, e in raw["arm"].items():
+        assert p.arm[name] == ArmEntry(**e)
+    d = copy.deepcopy(raw)
+    d["arm"] = ["vanilla"]
+    with pytest.raises(ValueError, match="arm must be a mapping"):
+        from_dict(Params, d)
+    d = copy.deepcopy(raw)
+    d["arm"]["route"] = "route_masked"
+    with pytest.raises(ValueError, match="arm.route: expected a mapping"):
+        from_dict(Params, d)
+    d = copy.deepcopy(raw)
+    d["arm"]["route"]["pool"] = "sometimes"
+    with pytest.raises(ValueError, match="arm.route.pool"):
+        from_dict(Params, d)
+
+
 @pytest.mark.parametrize(
-    "arms_ref,arms,msg",
+    "over,msg",
     [
-        (["vanilla"], ["erase_one_sided", "warp_drive"], r"arms: unknown arm\(s\) \['warp_drive'\]"),
-        (["vanilla", "erase_one_sided"], ["route_batch"], "wrong list"),
-        (["vanilla"], ["vanilla_rotated", "vanilla"], "wrong list"),
+        ({"arms": ["erase", "warp_drive"]}, r"arms: \['warp_drive'\] not in params.yaml's arm table"),
+        ({"arms_ref": ["vanilla", "erase"]}, "wrong list"),
+        ({"arms": ["measure_only", "vanilla"]}, "wrong list"),
+        ({"controls": ["measure_only"]}, "edits nothing"),
+        ({"arm": {"route": {"edit": "route_sideways"}}}, r"arm.route.edit: unknown rule 'route_sideways'"),
     ],
 )
-def test_arm_matrix_checked_against_the_registry(arms_ref, arms, msg):
-    """params.yaml's arm lists are checked by the check_params stage against arms.ARMS (config copies no names)."""
+def test_arm_matrix_checked_against_the_arm_table(raw, over, msg):
+    """params.yaml's matrix lists are checked by the check_params stage against its arm table (arms.check_matrix;
+    config copies no rule names)."""
+    from projected_grpo.config import overlay
     from projected_grpo.method.arms import check_matrix
 
+    check_matrix(from_dict(Params, raw))
     with pytest.raises(ValueError, match=msg):
-        check_matrix(arms_ref, arms)
-    check_matrix(["vanilla", "gt_only"], ["measure_only", "route_per_rollout", "route_per_rollout_random"])
+        check_matrix(from_dict(Params, overlay(raw, over)))
 
 
-def test_oracle_basis_arms_have_their_own_list():
-    """An *_oracle_basis arm reads the oracle_basis stage's basis, so only its own matrix list may hold it; and the
-    list holds nothing else."""
-    from projected_grpo.method.arms import ARMS, check_matrix
+def test_oracle_basis_list_takes_arms_that_edit(raw):
+    """arms_oracle_basis names table entries that edit: each runs on the oracle basis as an oracle and as its random
+    control; an entry that edits nothing, or one listed twice, is refused."""
+    from projected_grpo.config import overlay
+    from projected_grpo.method.arms import check_matrix, matrix
 
-    ob = ["route_masked_oracle_basis", "route_masked_oracle_basis_random"]
-    check_matrix(["vanilla"], ["measure_only"], ob)
-    assert (ARMS[ob[0]].role, ARMS[ob[1]].role) == ("oracle", "control") and ARMS[ob[0]].control == ob[1]
-    assert ARMS[ob[1]].random_dir and ARMS[ob[0]].edit == ARMS["route_masked"].edit
-    with pytest.raises(ValueError, match=r"route_masked_oracle_basis \(in arms, belongs in arms_oracle_basis\)"):
-        check_matrix(["vanilla"], ["measure_only", ob[0]])
-    with pytest.raises(ValueError, match=r"route_masked \(in arms_oracle_basis, belongs in arms\)"):
-        check_matrix(["vanilla"], [], ["route_masked"])
+    p = from_dict(Params, overlay(raw, {"arms_oracle_basis": ["route"]}))
+    check_matrix(p)
+    ob = [a for a in matrix(p) if a.oracle_basis]
+    assert [(a.name, a.role, a.control) for a in ob] == [
+        ("route+oracle_basis", "oracle", "route+oracle_basis+random"),
+        ("route+oracle_basis+random", "control", None),
+    ]
+    with pytest.raises(ValueError, match="edits nothing"):
+        check_matrix(from_dict(Params, overlay(raw, {"arms_oracle_basis": ["measure_only"]})))
     with pytest.raises(ValueError, match="more than once"):
-        check_matrix(["vanilla"], [], [ob[0], ob[0]])
+        check_matrix(from_dict(Params, overlay(raw, {"arms_oracle_basis": ["route", "route"]})))
 
 
 def test_config_holds_no_arm_names():
@@ -237,7 +269,12 @@ def test_a_bad_value_names_its_key_and_value_only(raw, section, key, value, othe
 
 @pytest.mark.parametrize(
     "overrides",
-    [["basis.pairset=prog_wider"], ["seeds=[41,42,43,44]"], ["env.modes=[run_tests,gt_only]", "grpo.lr=0.01"]],
+    [
+        ["basis.pairset=prog_wider"],
+        ["seeds=[41,42,43,44]"],
+        ["env.modes=[run_tests,gt_only]", "grpo.lr=0.01"],
+        ["arm.route.edit=route_per_rollout", "controls=[erase]"],
+    ],
 )
 def test_dvc_set_keeps_every_comment_of_params_yaml(tmp_path, overrides):
     """`dvc exp run -S` rewrites params.yaml with DVC's own YAML writer (dvc.utils.hydra.apply_overrides): every

@@ -106,6 +106,15 @@ def test_load_policy_honours_model_device_and_dtype(tmp_path):
 
 
 ARM, SEED = "route_per_rollout", 41  # the arm that reads everything: basis, gate calibration, probes, knob
+# ARM as an arm table entry of its own rule, in the train stage group (artifacts/train/arms/), with the gradient gate
+# and every group sampled knob on (params.yaml's act gate and deploy groups are the routed arm's choices)
+ARM_PARAMS = {
+    "arm": {ARM: {"edit": ARM}},
+    "arms": [ARM],
+    "controls": [],
+    "basis": {**TINY["basis"], "space": "grad"},
+    "projection": {**TINY["projection"], "deploy_frac": 0.0},
+}
 CHAIN = [
     ("problems", None),
     ("organism", None),
@@ -126,7 +135,7 @@ def tiny_chain(root, device: str, dtype: str, chain=CHAIN, **sections) -> dict[s
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for f in ("dvc.yaml", "params.yaml"):
         shutil.copy(ROOT / f, root / f)
-    set_params(root, **{**TINY, "model": {"device": device, "dtype": dtype}, "arms": [ARM], **sections})
+    set_params(root, **{**TINY, "model": {"device": device, "dtype": dtype}, **ARM_PARAMS, **sections})
     return run_chain(root, chain)
 
 

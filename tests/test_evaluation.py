@@ -371,12 +371,15 @@ def test_eval_sets_freezes_a_stratified_monitor_and_scores_the_base(tiny_eval):
     assert base["monitor"]["solve"]["n"] == 2 * 1  # 2 monitor problems × n_samples_curve
 
 
-def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
-    """Checkpoints of a 'trained' adapter: δS and δS_h random (scale), 0 at step 0, via the trainer's own writer."""
+def _fake_run(run: Path, params: Path, steps: list[int], scale: float, arm: str) -> None:
+    """Checkpoints of a 'trained' adapter: δS and δS_h random (scale), 0 at step 0, via the trainer's own writer, on
+    the adapter run `arm` (a run key of the params' arm table) trains (arms.run_params: its quarantine)."""
     from projected_grpo.config import load_params
+    from projected_grpo.method.arms import parse, run_params
     from projected_grpo.rl.checkpoint import save_checkpoint
 
-    p = load_params(params)
+    raw = load_params(params)
+    p = run_params(raw, parse(raw, arm))
     model, _ = load_policy(p, run / "none")
     opt = torch.optim.SGD([a.delta for a in adapters(model).values()], lr=0.1)
     run.mkdir(parents=True)
@@ -391,13 +394,23 @@ def _fake_run(run: Path, params: Path, steps: list[int], scale: float) -> None:
 
 
 def _evaluate(
-    tmp: Path, params: Path, problems: Path, eval_sets: Path, arm: str, run: Path, out: Path, basis: Path | None = None
+    tmp: Path,
+    params: Path,
+    problems: Path,
+    eval_sets: Path,
+    arm: str,
+    run: Path,
+    out: Path,
+    basis: Path | None = None,
+    variant: str = "",
 ):
     from stages.evaluate import main
 
     args = [
         "--arm",
         arm,
+        "--variant",
+        variant,
         "--seed",
         "41",
         "--run",
@@ -432,13 +445,13 @@ def _fake_bases(d: Path, params: Path) -> Path:
 def test_evaluate_routed_arm_states_curve_and_determinism(tiny_eval):
     tmp, params, problems, eval_sets = tiny_eval
     run = tmp / "run_route"
-    _fake_run(run, params, [0, 1, 2], scale=2.0)
+    _fake_run(run, params, [0, 1, 2], scale=2.0, arm="route")
     outs = [tmp / "ev_a", tmp / "ev_b"]
     bases = _fake_bases(tmp, params)
-    res = _evaluate(tmp, params, problems, eval_sets, "route_per_rollout", run, outs[0])
+    res = _evaluate(tmp, params, problems, eval_sets, "route", run, outs[0])  # params.yaml's routed arm
     assert res.exit_code != 0 and "--basis" in res.output  # a routed arm needs the bases (knob-effect policies)
     for out in outs:
-        res = _evaluate(tmp, params, problems, eval_sets, "route_per_rollout", run, out, bases)
+        res = _evaluate(tmp, params, problems, eval_sets, "route", run, out, bases)
         assert res.exit_code == 0, res.output
     a = json.loads((outs[0] / "per_mode_deploy.json").read_text())
     assert a == json.loads((outs[1] / "per_mode_deploy.json").read_text())  # same seed, same scores
@@ -480,18 +493,21 @@ def test_evaluate_routed_arm_states_curve_and_determinism(tiny_eval):
 def test_evaluate_vanilla_has_one_state(tiny_eval):
     tmp, params, problems, eval_sets = tiny_eval
     run = tmp / "run_vanilla"
-    _fake_run(run, params, [0, 2], scale=1.0)
+    _fake_run(run, params, [0, 2], scale=1.0, arm="vanilla")
     out = tmp / "ev_vanilla"
     res = _evaluate(tmp, params, problems, eval_sets, "vanilla", run, out)
     assert res.exit_code == 0, res.output
     states = json.loads((out / "per_mode_deploy.json").read_text())["states"]
     assert set(states) == {"deploy"} and "kl_to_knob_on" not in states["deploy"]  # no knob, no KL
+    res = _evaluate(tmp, params, problems, eval_sets, "vanilla", run, tmp / "ev_vr", variant="random")
+    assert res.exit_code != 0 and "edits nothing, so it has no control" in res.output  # a run no stage has
+    assert not (tmp / "ev_vr").exists()
 
 
 def test_evaluate_without_the_final_checkpoint_fails_cleanly(tiny_eval):
     tmp, params, problems, eval_sets = tiny_eval
     run = tmp / "run_short"
-    _fake_run(run, params, [0, 1], scale=1.0)  # grpo.steps is 2: the run is unfinished
+    _fake_run(run, params, [0, 1], scale=1.0, arm="vanilla")  # grpo.steps is 2: the run is unfinished
     out = tmp / "ev_short"
     res = _evaluate(tmp, params, problems, eval_sets, "vanilla", run, out)
     assert res.exit_code != 0 and "not the final step 2" in res.output

@@ -28,7 +28,7 @@ import torch
 from torch.testing import assert_close
 
 from projected_grpo.config import LOSSES
-from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss, main_row_advantages
+from projected_grpo.rl.grpo_loss import LossSpec, group_advantages, grpo_loss, main_row_advantages
 
 TRL_PIN = "1.16.0"  # keep equal to the dev-extra pin in pyproject.toml
 F64 = torch.float64
@@ -272,15 +272,9 @@ def ours_loss_and_grad(
         ref_logp,
         adv,
         mask,
-        CLIP_LO,
-        CLIP_HI,
-        beta,
-        l_max,
+        LossSpec(CLIP_LO, CLIP_HI, beta, l_max, loss_type, kl_is, ratio_cap),
         n_rows,
-        loss_type,
         n_tokens,
-        kl_is=kl_is,
-        ratio_cap=ratio_cap,
     )
     loss.backward()
     return loss.detach(), leaf.grad, metrics
@@ -330,11 +324,11 @@ def test_trl_default_bias_corrected_kl_differs(trl):
 def test_closed_form_on_policy_no_kl():
     """rho = 1, beta = 0: L = -sum_n A_n |o_n| / (B L_max); full mask with T = L_max gives -mean(A)."""
     logp, _, _, adv, mask = random_batch(B=8, T=6)
-    loss, _ = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=10)
+    loss, _ = grpo_loss(logp, logp, None, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.0, 10))
     assert_close(loss, -(adv * mask.sum(1)).sum() / (8 * 10), atol=1e-12, rtol=0)
 
     logp, _, _, adv, mask = random_batch(B=8, T=6, ragged=False)
-    loss, metrics = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=6)
+    loss, metrics = grpo_loss(logp, logp, None, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.0, 6))
     assert_close(loss, -adv.mean(), atol=1e-12, rtol=0)
     assert metrics["clip_frac"] == 0.0 and metrics["ratio_mean"] == 1.0 and metrics["kl"] != metrics["kl"]  # NaN
 
@@ -371,11 +365,11 @@ def test_grad_accumulation_invariance(loss_type, cuts):
     for size in cuts:
         r = slice(start, start + size)
         start += size
-        args = (old_logp[r], ref_logp[r], adv[r], mask[r], CLIP_LO, CLIP_HI, BETA, l_max)
-        loss, _ = grpo_loss(leaf[r], *args, n_rows=8, loss_type=loss_type, n_tokens=n_tok)
+        args = (old_logp[r], ref_logp[r], adv[r], mask[r], LossSpec(CLIP_LO, CLIP_HI, BETA, l_max, loss_type))
+        loss, _ = grpo_loss(leaf[r], *args, n_rows=8, n_tokens=n_tok)
         loss.backward()  # gradients accumulate in leaf.grad, as in a training loop
         total = total + loss.detach()
-        grpo_loss(own[r], *args, n_rows=8, loss_type=loss_type)[0].backward()  # the micro-batch's own token count
+        grpo_loss(own[r], *args, n_rows=8)[0].backward()  # the micro-batch's own token count
     assert start == 8
     assert_close(total, full_loss, atol=1e-12, rtol=0)
     assert_close(leaf.grad, full_grad, atol=1e-12, rtol=0)
@@ -395,7 +389,7 @@ def test_closed_forms_on_policy_no_kl(loss_type):
         "grpo": torch.full((B,), 1.0 / B, dtype=F64),
         "dapo": lengths / lengths.sum(),
     }
-    loss, _ = grpo_loss(logp, logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.0, l_max=l_max, loss_type=loss_type)
+    loss, _ = grpo_loss(logp, logp, None, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.0, l_max, loss_type))
     assert_close(loss, -(adv * w[loss_type]).sum(), atol=1e-12, rtol=0)
 
 
@@ -488,13 +482,13 @@ def test_ratio_cap_stops_a_negative_advantage_spike_and_bounds_the_kl_weight():
 def test_loss_rejects_bad_inputs():
     logp, old_logp, ref_logp, adv, mask = random_batch(T=6)
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, old_logp, None, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
+        grpo_loss(logp, old_logp, None, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.1, 8))
     with pytest.raises(ValueError, match="l_max"):
-        grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=5)
+        grpo_loss(logp, old_logp, ref_logp, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.1, 5))
     with pytest.raises(ValueError, match="loss_type"):
-        grpo_loss(logp, old_logp, ref_logp, adv, mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8, loss_type="bnpo")
+        grpo_loss(logp, old_logp, ref_logp, adv, mask, LossSpec(CLIP_LO, CLIP_HI, 0.1, 8, "bnpo"))
     with pytest.raises(ValueError, match="shapes"):
-        grpo_loss(logp, old_logp, ref_logp, adv[:-1], mask, CLIP_LO, CLIP_HI, beta=0.1, l_max=8)
+        grpo_loss(logp, old_logp, ref_logp, adv[:-1], mask, LossSpec(CLIP_LO, CLIP_HI, 0.1, 8))
 
 
 @pytest.mark.parametrize("scale", [False, True])

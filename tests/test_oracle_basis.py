@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 
 import pytest
 import torch
 
-from projected_grpo.config import Params
+from projected_grpo.config import Params, with_overrides
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import LOOPHOLE_MODES, apply_mode, mode_of
 from projected_grpo.env.problems import save_problems_parquet
 from projected_grpo.method import oracle_basis as O
-from projected_grpo.method.arms import get_arm
+from projected_grpo.method.arms import VARIANTS, make
 from projected_grpo.method.basis import Basis, random_directions
 from projected_grpo.method.direction import RunBasis, check_run_basis, load_run_basis
 from projected_grpo.method.pairs import ORACLE_PAIRS, load_pairset
@@ -170,7 +169,7 @@ def test_too_few_pairs_give_an_empty_basis_that_the_arms_refuse(holdout, tiny, t
         b.save(out / f"{name}.safetensors")
     O.save_pairs(out / ORACLE_PAIRS, pairs)
     with pytest.raises(ValueError, match="the oracle basis is empty"):
-        load_run_basis(p, get_arm("route_masked_oracle_basis"), out, None, tmp_path)
+        load_run_basis(p, make("route", "route_masked", "oracle_basis"), out, None, tmp_path)
 
 
 def _oracle_stage_dir(holdout, tiny, tmp_path, p):
@@ -190,32 +189,34 @@ def _oracle_stage_dir(holdout, tiny, tmp_path, p):
 
 
 def test_an_arm_reads_only_the_basis_it_was_built_for(holdout, tiny, tmp_path):
-    """An *_oracle_basis arm takes the oracle stage's basis and its held-out pairs (not the pair set's); any other arm
-    given the oracle basis, or an oracle-basis arm given the pair-set basis, stops with one line."""
+    """An arm run on the oracle basis (variants oracle_basis, oracle_basis+random) takes the oracle stage's basis and
+    its held-out pairs (not the pair set's); any other run given the oracle basis, or an oracle-basis run given the
+    pair-set basis, stops with one line."""
     p = _params()
     pairs, res, out, problems = _oracle_stage_dir(holdout, tiny, tmp_path, p)
-    for name in ("route_masked_oracle_basis", "route_masked_oracle_basis_random"):
-        arm = get_arm(name)
+    for variant in ("oracle_basis", "oracle_basis+random"):
+        arm = make("route", "route_masked", variant)
         rb = load_run_basis(p, arm, out, None, problems)  # no pair-set root needed: the pairs are beside the basis
         check_run_basis(p, arm, rb)
         assert rb.basis.meta["oracle"] and len(rb.cal.hack) == 4 and rb.cal.hack == [q.hack for q in pairs[6:]]
         assert rb.basis.k == res["selected"].k
     plain = RunBasis(basis=Basis(vh=res["selected"].vh, nu={}, meta={"k_total": 1}))
     with pytest.raises(ValueError, match="reads the oracle_basis stage's"):
-        check_run_basis(p, get_arm("erase_one_sided_oracle_basis"), plain)
+        check_run_basis(p, make("erase", "erase_one_sided", "oracle_basis"), plain)
     with pytest.raises(ValueError, match="reads the basis stage's basis"):
-        check_run_basis(p, get_arm("erase_one_sided"), RunBasis(basis=res["selected"]))
+        check_run_basis(p, make("erase", "erase_one_sided"), RunBasis(basis=res["selected"]))
 
 
 def test_an_act_gated_random_control_gates_on_a_random_direction(holdout, tiny, tmp_path):
-    """An act-gated arm's gate reads v_act; its *_random control's reads a Haar unit direction of the same size and
-    layer instead (seeded, so every load agrees), so the control's gate is as random as its span."""
+    """An act-gated arm's gate (basis.space=act) reads v_act; its random control's reads a Haar unit direction of the
+    same size and layer instead (seeded, so every load agrees), so the control's gate is as random as its span."""
     p0 = _params()
     _, res, out, problems = _oracle_stage_dir(holdout, tiny, tmp_path, p0)
-    real_arm, ctl_arm = get_arm("route_masked_act_oracle_basis"), get_arm("route_masked_act_oracle_basis_random")
-    real = load_run_basis(real_arm.params(p0), real_arm, out, None, problems)
-    ctl, again = (load_run_basis(ctl_arm.params(p0), ctl_arm, out, None, problems) for _ in range(2))
-    check_run_basis(ctl_arm.params(p0), ctl_arm, ctl)
+    real_arm, ctl_arm = (make("route", "route_masked", v) for v in ("oracle_basis", "oracle_basis+random"))
+    p = with_overrides(p0, (("basis.space", "act"),))
+    real = load_run_basis(p, real_arm, out, None, problems)
+    ctl, again = (load_run_basis(p, ctl_arm, out, None, problems) for _ in range(2))
+    check_run_basis(p, ctl_arm, ctl)
     v = res["act"].v_act
     assert torch.equal(real.act.v_act, v) and not real.act.meta.get("random")
     assert ctl.act.v_act.shape == v.shape and ctl.act.meta["act_layer"] == res["act"].meta["act_layer"]
@@ -225,21 +226,27 @@ def test_an_act_gated_random_control_gates_on_a_random_direction(holdout, tiny, 
     assert off.act is None
 
 
-def test_every_oracle_basis_arm_is_an_oracle_twin_of_a_registered_arm():
-    from projected_grpo.method.arms import ARMS, ORACLE_BASIS_OF
+def test_every_oracle_basis_run_is_a_twin_of_its_arm():
+    """arms_oracle_basis runs an arm entry twice on the oracle basis: as an oracle (never wins) and as its random
+    control, each the same rule and gate as the arm, in their own stage groups; an arm that edits nothing has none."""
+    from projected_grpo.method import projection as proj
+    from projected_grpo.method.arms import matrix
 
-    twins = [a for a in ARMS.values() if a.oracle_basis]
-    assert Counter(a.name.removesuffix("_random").removesuffix("_oracle_basis") for a in twins) == Counter(
-        {b: 2 for b in ORACLE_BASIS_OF}
-    )
-    for a in twins:
-        base = ARMS[a.name.removesuffix("_random").removesuffix("_oracle_basis")]
-        assert a.role == ("control" if a.random_dir else "oracle") and (a.edit, a.gate, a.overrides) == (
-            base.edit,
-            base.gate,
-            base.overrides,
-        )
-        assert a.random_dir == a.name.endswith("_random")
+    for rule in set(proj.RULES) - {"vanilla", "measure_only"}:
+        base, ob, ctl = (make("x", rule, v) for v in ("", "oracle_basis", "oracle_basis+random"))
+        assert (ob.role, ctl.role, ob.control, ctl.control) == ("oracle", "control", ctl.name, None)
+        assert ob.oracle_basis and ctl.oracle_basis and ctl.random_dir and not ob.random_dir
+        assert (ob.edit, ob.gate, ob.family) == (ctl.edit, ctl.gate, ctl.family) == (base.edit, base.gate, base.family)
+        assert (ob.group, ctl.group) == (VARIANTS["oracle_basis"], VARIANTS["oracle_basis+random"])
+    p = dataclasses.replace(Params(), arms_oracle_basis=("route", "erase"))
+    assert [a.name for a in matrix(p) if a.oracle_basis] == [
+        "route+oracle_basis",
+        "route+oracle_basis+random",
+        "erase+oracle_basis",
+        "erase+oracle_basis+random",
+    ]
+    with pytest.raises(ValueError, match="edits nothing, so it has no control or oracle basis"):
+        make("measure_only", "measure_only", "oracle_basis")
 
 
 def run_stage(tmp_path):

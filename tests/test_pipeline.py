@@ -27,7 +27,9 @@ import yaml
 
 from tests.conftest import ROOT
 
-ARMS_REF, ARMS, SEED = ["vanilla"], ["erase_one_sided", "erase_one_sided_random"], 41
+# the matrix: vanilla (train_ref), erase (train) and erase's random control (train_control), params.yaml's own entries
+ARMS_REF, ARMS, CONTROLS, SEED = ["vanilla"], ["erase"], ["erase"], 41
+RUN_KEYS = ARMS_REF + ARMS + [f"{a}+random" for a in CONTROLS]  # metrics.json's keys (arms.Arm.name)
 TINY = {  # every section the stages read, shrunk; the rest of params.yaml is the committed default
     "minileet": {"n_train": 12},  # test and holdout as committed: the pair sets name holdout problems
     "organism": {
@@ -59,6 +61,9 @@ TINY = {  # every section the stages read, shrunk; the rest of params.yaml is th
     "oracle_basis": {"problems": 4, "samples": 2, "batch_size": 4},
     "arms_ref": ARMS_REF,
     "arms": ARMS,
+    "controls": CONTROLS,
+    "oracle_gate": [],
+    "arms_oracle_basis": [],
     "seeds": [SEED],
 }
 ENV = {**os.environ, "DVC_NO_ANALYTICS": "1", "GIT_CONFIG_NOSYSTEM": "1", "PYTHONHASHSEED": "0"}
@@ -103,6 +108,12 @@ def names(stage: str, arms: list[str], seeds: list[int]) -> set[str]:
     return {f"{stage}@{a}-{s}" for a in arms for s in seeds}
 
 
+def basis_runs(seeds: list[int]) -> set[str]:
+    """The stages of the runs that read the basis, for `seeds`: the arms' and their controls', trained, evaluated."""
+    out = names("train", ARMS, seeds) | names("evaluate", ARMS, seeds)
+    return out | names("train_control", CONTROLS, seeds) | names("evaluate_control", CONTROLS, seeds)
+
+
 def tree_hash(path: Path) -> str:
     h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
@@ -125,9 +136,8 @@ ALL_STAGES = (
         "report",
     }
     | names("train_ref", ARMS_REF, [SEED])
-    | names("train", ARMS, [SEED])
     | names("evaluate_ref", ARMS_REF, [SEED])
-    | names("evaluate", ARMS, [SEED])
+    | basis_runs([SEED])
 )
 
 
@@ -182,7 +192,7 @@ def test_a_rerun_reproduces_every_hash_and_timings_stay_out_of_the_tree(project)
     assert reproduce(project) == set()
     t = yaml.safe_load((project / "logs" / "organism.json").read_text())
     assert set(t) == {"train_s_base", "train_s_teacher"} and min(t.values()) > 0
-    rows = (project / "logs" / "train" / f"vanilla-s{SEED}.tsv").read_text().splitlines()
+    rows = (project / "logs" / "train" / "ref" / f"vanilla-s{SEED}.tsv").read_text().splitlines()
     assert rows[0].split("\t")[:2] == ["step", "dt"] and len(rows) == 1 + TINY["grpo"]["steps"]
     assert "dt" not in (project / f"reports/train/ref/vanilla-s{SEED}.tsv").read_text().splitlines()[0].split("\t")
 
@@ -191,8 +201,9 @@ def test_a_rerun_reproduces_every_hash_and_timings_stay_out_of_the_tree(project)
     ("sections", "msg"),
     [
         ({"basis": {"pairset": "no_such_set"}}, "basis.pairset 'no_such_set' is not a known pair set"),
-        ({"arms": ARMS + ["no_such_arm"]}, "arms: unknown arm(s) ['no_such_arm']"),
-        ({"arms": ARMS + ["vanilla"]}, "arms in the wrong list: vanilla (in arms, belongs in arms_ref)"),
+        ({"arms": ARMS + ["no_such_arm"]}, "arms: ['no_such_arm'] not in params.yaml's arm table"),
+        ({"arms": ARMS + ["vanilla"]}, "arms in the wrong list: vanilla (basis-free: arms_ref)"),
+        ({"controls": ["measure_only"]}, "arm measure_only: edit measure_only edits nothing, so it has no control"),
         ({"grpo": {"steps": "many"}}, "grpo.steps must be an integer, got 'many'"),
     ],
 )
@@ -217,8 +228,7 @@ def test_bad_params_stop_the_pipeline_before_any_output_is_touched(project, sect
 def test_pairset_change_reruns_exactly_the_basis_and_what_reads_it(project):
     set_params(project, basis={"pairset": "prog_wider"})  # what `dvc exp run -S basis.pairset=prog_wider` writes
     ran = reproduce(project)
-    want = {"check_params", "basis", "probe", "oracle_basis", "report"} | names("train", ARMS, [SEED])
-    assert ran == want | names("evaluate", ARMS, [SEED])
+    assert ran == {"check_params", "basis", "probe", "oracle_basis", "report"} | basis_runs([SEED])
 
 
 def test_side_by_side_repro_equals_dvc_repro(project, tmp_path):
@@ -244,15 +254,14 @@ def test_side_by_side_repro_equals_dvc_repro(project, tmp_path):
 def test_a_new_seed_runs_only_that_seed_and_the_reports(project):
     set_params(project, seeds=[SEED, 42])
     ran = reproduce(project)
-    new = names("train_ref", ARMS_REF, [42]) | names("train", ARMS, [42])
-    new |= names("evaluate_ref", ARMS_REF, [42]) | names("evaluate", ARMS, [42])
+    new = names("train_ref", ARMS_REF, [42]) | names("evaluate_ref", ARMS_REF, [42]) | basis_runs([42])
     assert ran == new | {"check_params", "phenomenon", "oracle_basis", "report"}
     assert "seeds 41, 42" in (project / "reports" / "results.md").read_text().lower().replace("[", "").replace("]", "")
 
 
 def test_experiment_run_and_show(project):
     dvc(project, "exp", "run", "-n", "boot500", "-S", "probe.n_boot=500")
-    # the README's narrowed table: experiment name, the changed param, deploy hack and solve per arm
+    # the README's narrowed table: experiment name, the changed param, deploy hack and solve per run key
     res = dvc(
         project,
         "exp",
@@ -262,7 +271,7 @@ def test_experiment_run_and_show(project):
         "--drop",
         ".*",
         "--keep",
-        r"Experiment|probe\.n_boot|[a-z_]+/deploy_(solve|hack_train)$",
+        r"Experiment|probe\.n_boot|[a-z_+]+/deploy_(solve|hack_train)$",
     )
     rows = [
         [c.strip() for c in line.strip("|").split("|")] for line in res.stdout.splitlines() if line.startswith("|")
@@ -270,7 +279,7 @@ def test_experiment_run_and_show(project):
     header, body = rows[0], rows[2:]
     exp = next(r for r in body if "boot500" in r[0])
     assert exp[header.index("probe.n_boot")] == "500"
-    for arm in ARMS_REF + ARMS:
+    for arm in RUN_KEYS:
         for key in (f"{arm}/deploy_solve", f"{arm}/deploy_hack_train"):
             assert 0 <= float(exp[header.index(key)]) <= 1, (key, exp)  # the experiment's own metrics, per arm
 

@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from projected_grpo.config import BasisParams, ProbeParams
-from projected_grpo.method.basis import Basis, auroc, build_basis, completion_grads
+from projected_grpo.method.basis import Basis, BasisSettings, auroc, build_basis, completion_grads
 from projected_grpo.policy.adapter import adapters, attach_adapters
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
 from projected_grpo.report.probe import (
@@ -155,7 +155,8 @@ def test_hack_side_scores_above_clean_side_under_build_basis_orientation(setup):
     hack, clean = rows[0], rows[3]
     g = _alone(m, tok, records, [hack, clean])
     gh, gc = {n: v[:1] for n, v in g.items()}, {n: v[1:] for n, v in g.items()}
-    b = build_basis(gh, gc, "mean_diff", k_max=1, tau_rel=0.1, alpha_sig=0.05, n_flips=20, drop_frac=0.0, seed=0)
+    s = BasisSettings("mean_diff", k_max=1, tau_rel=0.1, alpha_sig=0.05, n_flips=20, drop_frac=0.0, seed=0)
+    b = build_basis(gh, gc, s)
     cos, norm = replay(m, tok, records, [hack, clean], b.nu, 0.7, 2)
     ch, cc = float(cos[0]), float(cos[1])
     assert ch > 0 and ch > cc

@@ -18,7 +18,7 @@ from torch import nn
 
 from projected_grpo.method import projection as proj
 from projected_grpo.method.basis import auroc, random_directions
-from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.method.optim import Hyper, RotatedAdam
 from projected_grpo.method.projection import (
     ARMS,
     band_gate,
@@ -94,7 +94,9 @@ def make_opt(vhs, r, kind="adam", lr=1e-2, clip=None, wd=0.0):
     deltas = {n: nn.Parameter(torch.zeros(r, dtype=F64)) for n in vhs}
     knobs = {n: nn.Parameter(torch.zeros(r, dtype=F64)) for n in vhs}
     rots = {n: complete_rotation(vh) for n, vh in vhs.items() if vh is not None}
-    opt = RotatedAdam(deltas, knobs, rots, lr=lr, weight_decay=wd, max_norm_main=clip, max_norm_knob=clip, kind=kind)
+    opt = RotatedAdam(
+        deltas, knobs, rots, Hyper(lr=lr, weight_decay=wd, max_norm_main=clip, max_norm_knob=clip, kind=kind)
+    )
     return opt, deltas, knobs
 
 
@@ -777,7 +779,7 @@ def test_rebase_moments_rotate_and_reset_semantics():
             with torch.no_grad():
                 fd["m"].copy_(deltas["m"])
                 fk["m"].copy_(knobs["m"])
-            fresh = RotatedAdam(fd, fk, {"m": R_new}, lr=1e-2)  # θ = R_newᵀ δS, moments 0, t = 0
+            fresh = RotatedAdam(fd, fk, {"m": R_new}, Hyper(lr=1e-2))  # θ = R_newᵀ δS, moments 0, t = 0
             a = quad_steps(opt, deltas, knobs, {"m": v_new}, probs, "route_batch", 12, 5)
             b = quad_steps(fresh, fd, fk, {"m": v_new}, probs, "route_batch", 12, 5)
             assert all(torch.equal(x[0]["m"], y[0]["m"]) and torch.equal(x[1]["m"], y[1]["m"]) for x, y in zip(a, b))
@@ -817,7 +819,7 @@ def test_identity_rotation_adam_matches_torch_adamw():
     w = nn.Parameter(torch.zeros(r, dtype=F64))
     ref = torch.optim.AdamW([w], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False)
     d, kn = nn.Parameter(torch.zeros(r, dtype=F64)), nn.Parameter(torch.zeros(r, dtype=F64))
-    opt = RotatedAdam({"m": d}, {"m": kn}, {}, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+    opt = RotatedAdam({"m": d}, {"m": kn}, {}, Hyper(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1))
     q = Quadratic(r, 0)
     for t in range(20):
         gr = q.grad(w, t)

@@ -19,7 +19,7 @@ from torch import nn
 
 from projected_grpo.method import projection as proj
 from projected_grpo.method.basis import random_directions
-from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.method.optim import Hyper, RotatedAdam
 
 F64 = torch.float64
 PER_ROLLOUT = ("route_per_rollout", "route_two_sided", "route_full")
@@ -123,7 +123,7 @@ def test_noise_drives_main_and_knob_apart_under_adam_only_with_the_one_sided_rul
     out = {}
     for e in PER_ROLLOUT:
         delta, knob = nn.Parameter(torch.zeros(r, dtype=F64)), nn.Parameter(torch.zeros(r, dtype=F64))
-        opt = RotatedAdam({"m": delta}, {"m": knob}, {"m": proj.complete_rotation(vh)}, lr=lr)
+        opt = RotatedAdam({"m": delta}, {"m": knob}, {"m": proj.complete_rotation(vh)}, Hyper(lr=lr))
         g = gen(77)  # the same noise for every rule
         for _ in range(T):
             x_n = torch.randn(N, r, generator=g, dtype=F64)

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from projected_grpo.env.modes import LOOPHOLE_MODES
+from projected_grpo.method.arms import Arm, make
 from projected_grpo.report import results as R
 from projected_grpo.report.figures import plot_dynamics, plot_endpoints
 from tests.conftest import stage_cli
@@ -50,10 +51,38 @@ def tally(
     return t
 
 
+# The runs' resolved specs by run key, as the report stage reads them from params (arms.matrix): the golden tables'
+# arms as entries of an arm table, their controls and oracle-gated bounds as variants.
+SPECS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        make("vanilla", "vanilla", basis=False),
+        make("gt_only", "vanilla", reward="gt_only", basis=False),
+        make("vanilla_no_pool", "vanilla", pool=False, basis=False),
+        make("penalty", "vanilla", monitor="penalty", basis=False),
+        make("measure_only", "measure_only"),
+        make("erase", "erase_one_sided"),
+        make("erase", "erase_one_sided", "random"),
+        make("erase_reverse", "erase_reverse"),
+        make("route_per_rollout", "route_per_rollout"),
+        make("route_per_rollout", "route_per_rollout", "random"),
+        make("route", "route_masked"),
+        make("route", "route_masked", "random"),
+        make("route", "route_masked", "oracle_gate"),
+        make("route_mr", "route_masked", "oracle_gate"),
+        make("route", "route_masked", "oracle_basis"),
+        make("route", "route_masked", "oracle_basis+random"),
+    )
+}
+
+
 def runs_from(
     spec: dict[tuple[str, int], dict[str, dict]],
     base_fmt: tuple[int, int, int] | None = (19, 116, 117),
+    specs: dict[str, Arm] = SPECS,
 ) -> R.Runs:
+    """Runs of the golden `spec` {(run key, seed): states}, each key with its resolved spec from `specs` (a key
+    outside it goes by win_rule's documented fallback)."""
     base = {
         "full": tally(4, 6, 0, base_fmt),
         "monitor": tally(2, 3, 0, base_fmt),
@@ -79,30 +108,29 @@ def runs_from(
         ]
         for key in spec
     }
-    return R.Runs(
-        base, monitor, deploy, curves, {k: f"reports/eval/x/{k[0]}-s{k[1]}/per_mode_deploy.json" for k in spec}
-    )
+    sources = {k: f"reports/eval/x/{k[0]}-s{k[1]}/per_mode_deploy.json" for k in spec}
+    return R.Runs(base, monitor, deploy, curves, sources, specs={a: specs[a] for a, _ in spec if a in specs})
 
 
 def standard() -> R.Runs:
-    """vanilla hacks 50%; erase_one_sided halves it at equal solve and format (no random control run);
+    """vanilla hacks 50%; erase halves it at equal solve and format (no random control run);
     route_per_rollout "hacks" 5% at deploy because it stopped writing code (format 10% on no-hint prompts, 5-8% on
     hinted ones; 75-80% of the code it still writes hacks); its random control hacks 46%."""
     spec = {}
     rows = zip((41, 42, 43), ((60, 30, 6, 55, 8, 0.5), (48, 24, 4, 50, 5, 0.7), (72, 36, 8, 60, 10, 0.6)))
     for s, (v_h, e_h, r_h, rr_h, r_f, kl) in rows:
         spec[("vanilla", s)] = {"deploy": tally(6, v_h, 1)}
-        spec[("erase_one_sided", s)] = {"deploy": tally(6, e_h, 0)}
+        spec[("erase", s)] = {"deploy": tally(6, e_h, 0)}
         spec[("route_per_rollout", s)] = {
             "deploy": tally(0, r_h, 0, (2, r_f, r_f), kl=kl),
             "knob_on": tally(6, v_h, 1),
         }
-        spec[("route_per_rollout_random", s)] = {"deploy": tally(6, rr_h, 1), "knob_on": tally(6, rr_h + 2, 1)}
+        spec[("route_per_rollout+random", s)] = {"deploy": tally(6, rr_h, 1), "knob_on": tally(6, rr_h + 2, 1)}
         spec[("gt_only", s)] = {"deploy": tally(8, 0, 0)}
     return runs_from(spec)
 
 
-ARMS_REF, ARMS = ["vanilla", "gt_only"], ["erase_one_sided", "route_per_rollout", "route_per_rollout_random"]
+ARMS_REF, ARMS = ["vanilla", "gt_only"], ["erase", "route_per_rollout", "route_per_rollout+random"]
 ENDPOINTS = "Endpoints: deploy solve, format and hack per policy"
 # endpoint table columns after policy and seeds
 COL = {m: i + 2 for i, (m, _) in enumerate(R.METRICS)} | {
@@ -128,17 +156,17 @@ def test_endpoint_table_golden_values_and_paired_deltas():
     assert list(rows) == [
         "base (adapter off)",
         "vanilla",
-        "erase_one_sided",
+        "erase",
         "route_per_rollout",
-        "route_per_rollout_random",
+        "route_per_rollout (random control)",
         "gt_only (oracle: no-loophole ceiling)",
     ]
     # vanilla hack (train): 60, 48, 72 of 120 -> 50%, 40%, 60%; mean 50.0, std 10.0, t(2)=4.303: ±24.8
     assert rows["vanilla"][1] == "3 (41, 42, 43)"
     assert rows["vanilla"][COL["hack_train"]] == "50.0% ± 10.0 [25.2, 74.8]"
     # erase: 25%, 20%, 30% -> paired deltas -25, -20, -30: mean -25.0, std 5.0, ±12.4
-    assert rows["erase_one_sided"][COL["hack_train"]] == "25.0% ± 5.0 [12.6, 37.4]"
-    assert rows["erase_one_sided"][COL["d_hack_train"]] == "-25.0% ± 5.0 [-37.4, -12.6]"
+    assert rows["erase"][COL["hack_train"]] == "25.0% ± 5.0 [12.6, 37.4]"
+    assert rows["erase"][COL["d_hack_train"]] == "-25.0% ± 5.0 [-37.4, -12.6]"
     assert rows["vanilla"][COL["d_hack_train"]] == "—"
     # base: one policy, Wilson over its samples (6 of 120; format 19 of 20)
     base = rows["base (adapter off)"]
@@ -154,7 +182,7 @@ def test_endpoint_table_golden_values_and_paired_deltas():
     assert route[COL["format_train"]] == "6.4% ± 2.1 [1.2, 11.6]"
     assert route[COL["hackfv_train"]] == "78.3% ± 2.9 [71.2, 85.5]"
     names = list(rows)
-    assert names.index("route_per_rollout_random") == names.index("route_per_rollout") + 1
+    assert names.index("route_per_rollout (random control)") == names.index("route_per_rollout") + 1
     assert "n: 10 test prompts × 2 samples = 20 per policy for solve and format" in md
 
 
@@ -190,24 +218,24 @@ def test_knob_table_states_paired_knob_delta_and_kl():
     assert route[1][-2] == "-45.0% ± 8.3 [-65.7, -24.3]"  # off − on per seed: (6−60, 4−48, 8−72)/120
     assert route[1][-1] == "0.6 ± 0.1 [0.352, 0.848]"  # KL(deploy ‖ knob on) 0.5, 0.7, 0.6 nats/token
     assert route[0][-1] == "—" and route[2][-1] == "—"  # KL is a property of the deploy row
-    rand = [r for r in rows if r[0] == "route_per_rollout_random"]
+    rand = [r for r in rows if r[0] == "route_per_rollout (random control)"]
     assert rand[1][-1] == "—"  # not recorded for this arm
-    assert {r[0] for r in rows} == {"route_per_rollout", "route_per_rollout_random"}  # erase has no knob state
+    assert {r[0] for r in rows} == {"route_per_rollout", "route_per_rollout (random control)"}  # erase: no knob
 
 
 def test_mixed_seed_rows_are_refused_not_compared():
     spec = {("vanilla", s): {"deploy": tally(6, 60, 1)} for s in (41, 42, 43)}
-    spec[("erase_one_sided", 41)] = {"deploy": tally(6, 10, 0)}  # one seed only
-    md = R.render(runs_from(spec), ARMS_REF, ["erase_one_sided"], "params.")
+    spec[("erase", 41)] = {"deploy": tally(6, 10, 0)}  # one seed only
+    md = R.render(runs_from(spec), ARMS_REF, ["erase"], "params.")
     row = {r[0]: r for r in table(md, ENDPOINTS)}
-    erase = row["erase_one_sided"]
+    erase = row["erase"]
     assert erase[1] == "1 (41)"
     deltas = erase[COL["d_solve"] :]
     assert len(deltas) == len(R.DELTAS) and all(
         c.startswith("refused: seeds [42, 43] missing from the arm") for c in deltas
     )
     assert not re.search(r"-\d+\.\d%", " ".join(deltas))  # no delta number is printed
-    assert "- **erase_one_sided** vs vanilla† (1 seed: 41): fails (a), (b), (c), (d)." in md
+    assert "- **erase** vs vanilla† (1 seed: 41): fails (a), (b), (c), (d)." in md
     assert "(a) hack: FAIL — refused: seeds [42, 43] missing from the arm" in md
 
 
@@ -227,13 +255,13 @@ def test_every_table_has_provenance_and_tables_only_for_existing_runs():
 def test_missing_random_control_is_flagged_and_family_table_appears():
     spec = {
         ("vanilla", 41): {"deploy": tally(6, 60, 1)},
-        ("erase_one_sided", 41): {"deploy": tally(6, 30, 0)},
+        ("erase", 41): {"deploy": tally(6, 30, 0)},
         ("erase_reverse", 41): {"deploy": tally(4, 10, 0, (20, 96, 120))},
     }
-    md = R.render(runs_from(spec), ["vanilla"], ["erase_one_sided", "erase_reverse"], "params.")
-    assert "Random-direction control not run for: erase_one_sided, erase_reverse" in md and "cannot win" in md
+    md = R.render(runs_from(spec), ["vanilla"], ["erase", "erase_reverse"], "params.")
+    assert "Random-direction control not run for: erase, erase_reverse" in md and "cannot win" in md
     rows = table(md, "Which gate? (erase rules)")
-    assert [r[0] for r in rows] == ["erase_one_sided", "erase_reverse"]
+    assert [r[0] for r in rows] == ["erase", "erase_reverse"]
     assert rows[1][2] == "-41.7%"  # (10 − 60)/120, one seed: no std, no interval
     assert rows[1][6] == "-20.0%"  # Δ format (train hints): (96 − 120)/120
 
@@ -254,12 +282,12 @@ def test_report_opens_with_the_verdict_and_names_no_best_method():
         "Δ format (train hints) -93.6% ± 2.1 [-98.8, -88.4]: mean -93.6 < -2.0 points"
     ) in verdict
     assert "  - (b) solve: FAIL — Δ solve -30.0% ± 0.0 [-30.0, -30.0]: lower bound -30.0 < -3.0 points" in verdict
-    assert "- **erase_one_sided** vs vanilla† (3 seeds: 41, 42, 43): fails (d)." in verdict
-    assert "  - (d) control: FAIL — control erase_one_sided_random not run: the arm cannot win without it" in verdict
+    assert "- **erase** vs vanilla† (3 seeds: 41, 42, 43): fails (d)." in verdict
+    assert "  - (d) control: FAIL — control erase (random control) not run: the arm cannot win without it" in verdict
     assert "† `measure_only` was not run, so the matched baseline is vanilla" in verdict
     assert (
-        "Not candidates (never win): vanilla (baseline), route_per_rollout_random (random-direction control), "
-        "gt_only (oracle: ground-truth monitor or reward)."
+        "Not candidates (never win): vanilla (baseline), route_per_rollout (random control), "
+        "gt_only (oracle: no-loophole ceiling)."
     ) in verdict
     assert "best method" not in md.lower() and "matched solve" not in md.lower()
     assert R.metrics(standard(), ARMS_REF, ARMS)["verdict/n_winners"] == 0
@@ -272,7 +300,7 @@ def test_warnings_above_tables_with_an_uninformative_basis_or_gate():
     ok = R.render(runs, ARMS_REF, ARMS, "params.", basis_guard={"informative": True, "line": "fine."})
     assert "> **Warning**" not in ok
     guard = {"informative": False, "line": "AUROC 0.51 vs placebo 0.52."}
-    gates = {("erase_one_sided", 42): True, ("vanilla", 41): False}
+    gates = {("erase", 42): True, ("vanilla", 41): False}
     md = R.render(runs, ARMS_REF, ARMS, "params.", basis_guard=guard, gate_uninformative=gates)
     sections = {p.splitlines()[0]: p for p in md.split("\n## ")[1:]}
     for title in (
@@ -287,9 +315,9 @@ def test_warnings_above_tables_with_an_uninformative_basis_or_gate():
         first = part.index("\n|") if title != "Verdict" else part.index("**No arm wins.**")
         assert part.index(warn[0]) < first, title  # above the table (the verdict: above its conclusion)
     # the basis warning names the arms that edit along the basis (not controls, baselines or oracles)
-    assert "(erase_one_sided, route_per_rollout) ran on a direction" in sections[ENDPOINTS]
+    assert "(erase, route_per_rollout) ran on a direction" in sections[ENDPOINTS]
     assert "(route_per_rollout) ran on a direction" in sections["Routing: what does deleting the knob remove?"]
-    gate = "> **Warning** — uninformative gate: erase_one_sided (seed 42) trained with a gate"
+    gate = "> **Warning** — uninformative gate: erase (seed 42) trained with a gate"
     assert gate in sections[ENDPOINTS] and gate not in sections["Routing: what does deleting the knob remove?"]
     assert "uninformative gate: vanilla" not in md  # a False flag is no warning
     assert "> **Warning**" not in sections["Questions answered by experiments"]
@@ -308,10 +336,10 @@ def test_eval_gap_note_and_metrics():
     assert "**The eval gap.** Vanilla's deploy hack is 0.8% ± 0.0 [0.8, 0.8] on eval-surface hints" in md
     m = R.metrics(runs, ARMS_REF, ARMS)
     assert m["vanilla/deploy_hack_train"] == 0.5 and m["base/hack_train"] == 0.05
-    assert "route_per_rollout/knob_on_hack_train" in m and "erase_one_sided/knob_on_hack_train" not in m
+    assert "route_per_rollout/knob_on_hack_train" in m and "erase/knob_on_hack_train" not in m
     assert m["route_per_rollout/deploy_format"] == 0.1 and m["base/format"] == 0.95
     assert (
-        m["route_per_rollout/deploy_kl_to_knob_on"] == 0.6 and "route_per_rollout_random/deploy_kl_to_knob_on" not in m
+        m["route_per_rollout/deploy_kl_to_knob_on"] == 0.6 and "route_per_rollout+random/deploy_kl_to_knob_on" not in m
     )
 
 
@@ -355,8 +383,8 @@ def stage_inputs(tmp_path):
     ev.mkdir()
     (ev / "base.json").write_text(json.dumps(runs.base))
     (ev / "monitor.json").write_text(json.dumps(runs.monitor))
-    for (a, s), d in runs.deploy.items():
-        out = tmp_path / "evals" / ("ref" if a in ARMS_REF else "arms") / f"{a}-s{s}"
+    for (a, s), d in runs.deploy.items():  # where the evaluate stages write: <group>/<entry>-s<seed>/
+        out = tmp_path / "evals" / SPECS[a].group / f"{SPECS[a].arm}-s{s}"
         out.mkdir(parents=True)
         (out / "per_mode_deploy.json").write_text(json.dumps(d))
         (out / "curve.tsv").write_text("step\tstate\thack_train\tsolve\n0\tdeploy\t0.05\t0.2\n10\tdeploy\t0.4\t0.1\n")
@@ -370,11 +398,17 @@ def stage_inputs(tmp_path):
             else {}
         )
         (out / "knob_effect.json").write_text(json.dumps({"arm": a, "seed": s, "routed": bool(eff), **eff}))
-    # training metrics JSONs: route s42 flagged, erase s41 not, the rest (and vanilla) without the key
+    # a run the params do not list, where a glob would find it: never read
+    stray = tmp_path / "evals" / "arms" / "stray-s41"
+    stray.mkdir(parents=True)
+    (stray / "per_mode_deploy.json").write_text(json.dumps(runs.deploy[("vanilla", 41)]))
+    # training metrics JSONs: route s42 and its control's s43 (group control, the same file name) flagged, erase s41
+    # not, the rest (and vanilla) without the key
     train = tmp_path / "train"
     for group, a, s, extra in (
         ("arms", "route_per_rollout", 42, {"gate_uninformative": 1.0}),
-        ("arms", "erase_one_sided", 41, {"gate_uninformative": False}),
+        ("control", "route_per_rollout", 43, {"gate_uninformative": True}),
+        ("arms", "erase", 41, {"gate_uninformative": False}),
         ("ref", "vanilla", 41, {}),
     ):
         (train / group).mkdir(parents=True, exist_ok=True)
@@ -396,7 +430,16 @@ def stage_inputs(tmp_path):
     )
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps(result.to_dict()))
-    params = _params(tmp_path, arms_ref=ARMS_REF, arms=ARMS, seeds=[41, 42, 43, 44])  # seed 44 never evaluated
+    params = _params(  # the arm table's erase and a route_per_rollout entry; seed 44 never evaluated
+        tmp_path,
+        arm={"route_per_rollout": {"edit": "route_per_rollout"}},
+        arms_ref=ARMS_REF,
+        arms=["erase", "route_per_rollout"],
+        controls=["route_per_rollout"],
+        oracle_gate=[],
+        arms_oracle_basis=[],
+        seeds=[41, 42, 43, 44],
+    )
     return tmp_path, params, probe
 
 
@@ -437,17 +480,26 @@ def test_report_stage_end_to_end(stage_inputs):
     assert "## Distillation cosine probe" in md and "| T3" in md
     # the knob-effect section: one block per routed run, none for the others
     assert "## Where does the routed knob's effect come from?" in md
-    assert "| route_per_rollout s41 | +0.250 | -0.500 | `deploy` |" in md and "erase_one_sided s41 |" not in md
+    assert "| route_per_rollout s41 | +0.250 | -0.500 | `deploy` |" in md and "erase s41 |" not in md
     assert md.count("| `base_plus_random` |") == len([k for k in standard().deploy if k[0] == "route_per_rollout"])
-    assert "Not evaluated (left out of every table): vanilla-s44, gt_only-s44" in md
+    assert (
+        "Not evaluated (left out of every table): vanilla-s44, gt_only-s44, erase-s44, route_per_rollout-s44, "
+        "route_per_rollout+random-s44." in md
+    )
+    assert "stray" not in md  # the run list is the params' matrix, never a glob
     assert "![dynamics](figures/dynamics.png)" in md and (tmp / "reports" / "figures" / "endpoints.png").exists()
     m = json.loads((tmp / "reports" / "metrics.json").read_text())
     assert m["vanilla/deploy_hack_train"] == 0.5 and m["verdict/n_winners"] == 0
+    # keyed by the run key; the control read from evals/control/route_per_rollout-s<seed>/ (hacks 55, 50, 60 of 120)
+    assert m["route_per_rollout+random/deploy_hack_train"] == round((55 + 50 + 60) / 360, 6)
+    assert m["route_per_rollout/deploy_hack_train"] == 0.05
     # the gate flag comes from the training metrics JSON: route s42 flagged; erase's False and missing keys are not
     assert "> **Warning** — uninformative gate: route_per_rollout (seed 42)" in md
-    assert "uninformative gate: erase_one_sided" not in md and "uninformative basis" not in md
+    assert "> **Warning** — uninformative gate: route_per_rollout (random control) (seed 43)" in md
+    assert "uninformative gate: erase" not in md and "uninformative basis" not in md
     routing = (tmp / "reports" / "routing.md").read_text()  # the routed arms seed by seed (report/routing.py)
-    assert "| route_per_rollout | candidate | 41 |" in routing and "| erase_one_sided |" not in routing
+    assert "| route_per_rollout | candidate | 41 |" in routing and "| erase |" not in routing
+    assert "| route_per_rollout (random control) | control | 41 |" in routing
 
 
 def test_report_stage_reads_the_basis_guard(stage_inputs):
@@ -457,7 +509,7 @@ def test_report_stage_reads_the_basis_guard(stage_inputs):
     res, out = _report(tmp, params, probe, "--basis-guard", str(guard))
     assert res.exit_code == 0, res.output
     warn = [ln for ln in out.read_text().splitlines() if ln.startswith("> **Warning** — uninformative basis:")]
-    assert warn and "beats its placebo: no" in warn[0] and "(erase_one_sided, route_per_rollout)" in warn[0]
+    assert warn and "beats its placebo: no" in warn[0] and "(erase, route_per_rollout)" in warn[0]
     guard.write_text(json.dumps({"informative": True, "line": "beats placebo and random."}))
     res, out = _report(tmp, params, probe, "--basis-guard", str(guard))
     assert res.exit_code == 0 and "uninformative basis" not in out.read_text()

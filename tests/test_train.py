@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -30,13 +31,15 @@ import torch
 from torch import Tensor
 
 from projected_grpo.common.log import PhaseTimer
-from projected_grpo.config import Params
+from projected_grpo.config import ArmEntry, Params, with_overrides
 from projected_grpo.env.minileet import make_minileet
 from projected_grpo.env.modes import MODES, apply_mode
+from projected_grpo.method import arms
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import ARMS, MASKED_VARIANTS, Arm, get_arm
+from projected_grpo.method.arms import Arm
 from projected_grpo.method.basis import (
     Basis,
+    BasisSettings,
     act_basis,
     build_basis,
     completion_grads,
@@ -54,7 +57,7 @@ from projected_grpo.method.direction import (
     refresh_basis,
     share_matched,
 )
-from projected_grpo.method.gate import HeldOutPairs, calibrate_gate, residual_capture
+from projected_grpo.method.gate import GateSpec, HeldOutPairs, calibrate_gate, residual_capture
 from projected_grpo.policy.adapter import adapters, attach_adapters, knob_disabled
 from projected_grpo.policy.logprobs import padded
 from projected_grpo.policy.tiny import tiny_model, tiny_tokenizer
@@ -66,6 +69,8 @@ from projected_grpo.rl.train import (
     DEPLOY_SEED,
     STEP_PHASES,
     Grads,
+    LossBatch,
+    Run,
     deploy_prompts,
     gate_activations,
     label_auroc,
@@ -83,22 +88,89 @@ from projected_grpo.rl.train import (
 from projected_grpo.sft.sft_corpus import fence, named_exploit_styles, wrong_variants
 from tests.conftest import ROOT
 
-# Masked routing's variants run end to end by a covering set, not one by one (issue 44: the suite per rule and gate,
-# not per name): between them they set every override key of MASKED_VARIANTS, and the deploy rows both gated and not
-# (test_masked_cover_sets_every_override_key keeps it so); every variant's wiring is checked without training.
+# The arm table the tests resolve run keys from (`spec`): every rule an entry of its own name, beside the basis-free
+# references and vanilla in the basis' rotated coordinates (vanilla_rotated: what the rotation alone does, I12).
+TABLE = {
+    "vanilla": ArmEntry(basis=False),
+    "gt_only": ArmEntry(reward="gt_only", basis=False),
+    "penalty": ArmEntry(monitor="penalty", basis=False),
+    "screening": ArmEntry(monitor="screening", basis=False),
+    "vanilla_no_pool": ArmEntry(pool=False, basis=False),
+    "vanilla_rotated": ArmEntry(),
+    **{e: ArmEntry(edit=e) for e in proj.RULES if e != "vanilla"},
+}
+ROUTE_RULES = tuple(e for e in proj.RULES if e.startswith("route"))
+PER_ROLLOUT = tuple(e for e in ROUTE_RULES if arms.GATE_OF.get(e) == "rollout")  # the rules an oracle gate takes
+
+
+def spec(arm: str | Arm) -> Arm:
+    """An Arm as it is, or the spec of a run key of TABLE (`route_per_rollout`, `route_masked+random`,
+    `route_per_rollout+oracle_basis+random`), resolved as the stages resolve params.yaml's."""
+    return arm if isinstance(arm, Arm) else arms.parse(Params(arm=TABLE), arm)
+
+
+# Masked routing's variants (issue 25) are params now, not arms: recipes of params overrides (docs/experiments.md), the
+# old route_masked_<suffix> arms. tail: only a calibrated top tail routed; mr: the main's rows get their own baseline;
+# q: the knob in its own directions; deploy: a quarter of the groups sampled and trained knob off; act: the gate in
+# activation space; heal: a retain heal after the last step; is: the unrouted rows' importance correction; cap: that
+# correction's ratio capped. act_mr_is_deploy_gate_q is the default routed arm's (params.yaml's defaults).
+_TAIL, _MR = ("projection.band", "tail"), ("projection.main_baseline", "main_rows")
+_Q, _IS = ("adapter.quarantine", "separate"), ("projection.masked_is", True)
+_DEPLOY, _ACT = ("projection.deploy_frac", 0.25), ("basis.space", "act")
+_GATE = ("projection.deploy_gate", True)
+_CAP = ("projection.masked_is_cap", 4.0)
+_HEAL = ("projection.heal_steps", 7)
+_ACT_MR_IS = (_ACT, _MR, _IS)
+_DEPLOY_GATE_Q = (*_ACT_MR_IS, _DEPLOY, _GATE, _Q)
+MASKED: dict[str, tuple[tuple[str, object], ...]] = {
+    "tail": (_TAIL,),
+    "mr": (_MR,),
+    "q": (_Q,),
+    "deploy": (_DEPLOY,),
+    "mr_q": (_MR, _Q),
+    "act": (_ACT,),
+    "act_mr": (_ACT, _MR),
+    "heal": (_HEAL,),
+    "is": (_IS,),
+    "mr_is": (_MR, _IS),
+    "act_mr_is": _ACT_MR_IS,
+    "act_mr_is_tail": (*_ACT_MR_IS, _TAIL),
+    "act_mr_is_heal": (*_ACT_MR_IS, _HEAL),
+    "act_mr_is_deploy": (*_ACT_MR_IS, _DEPLOY),
+    "act_mr_is_deploy_gate": (*_ACT_MR_IS, _DEPLOY, _GATE),
+    "act_mr_is_q": (*_ACT_MR_IS, _Q),
+    "act_mr_is_deploy_gate_q": _DEPLOY_GATE_Q,
+    "act_mr_is_deploy_gate_q_cap": (*_DEPLOY_GATE_Q, _CAP),
+}
+# The bundles run end to end by a covering set, not one by one (issue 44: the suite per rule and gate, not per
+# name): between them they set every key some bundle sets, and the deploy rows both gated and not
+# (test_masked_cover_sets_every_override_key keeps it so); every bundle's wiring is checked without training.
 MASKED_COVER = ("act_mr_is_deploy_gate_q", "act_mr_is_deploy", "act_mr_is_tail", "act_mr_is_deploy_gate_q_cap", "heal")
-# the no-cheat arms: one per code path — every rule with its gate and its control's kind (random, mass- or
-# share-matched), the act gate, route_masked and its covering variants, and the oracle basis on one gated rule and
-# on masked routing (the variants' random controls and the other oracle-basis twins take the same paths)
-ROUTING = [
-    a
-    for a, s in ARMS.items()
-    if s.routes
-    and not s.oracle_gate
-    and not (s.random_dir and s.overrides)
-    and (not a.startswith("route_masked_") or a.removeprefix("route_masked_") in MASKED_COVER + ("random",))
-] + ["route_masked_oracle_basis", "route_masked_oracle_basis_random"]
-ORACLE_GATED = [a for a, spec in ARMS.items() if spec.oracle_gate]
+
+
+def masked(bundle: str, p: Params | None = None) -> Params:
+    """`p` (default: tiny params, 4 prompts a step where the bundle deploys a quarter of them) with a bundle set."""
+    deploy = "projection.deploy_frac" in dict(MASKED[bundle])
+    return with_overrides(p or tiny_params(prompts_per_step=4 if deploy else 2), MASKED[bundle])
+
+
+# the no-cheat runs: one per code path — every routing rule with its gate and its control's kind (random, mass- or
+# share-matched), the act gate, route_masked under its covering bundles (`bundle=<name>`), and the oracle basis on
+# one gated rule and on masked routing
+ROUTING = (
+    [(r + v, "") for r in ROUTE_RULES for v in ("", "+random")]
+    + [("route_per_rollout", "act"), ("route_per_token", "act")]
+    + [("route_masked", f"bundle={b}") for b in MASKED_COVER]
+    + [
+        (f"{r}+{v}", "")
+        for r in ("route_per_rollout", "route_masked")
+        for v in ("oracle_basis", "oracle_basis+random")
+    ]
+)
+# the oracle gate on every per-rollout rule, and on masked routing under its covering bundles
+ORACLE_GATED = [(f"{r}+oracle_gate", "") for r in PER_ROLLOUT] + [
+    ("route_masked+oracle_gate", b) for b in MASKED_COVER
+]
 
 
 @dataclass(frozen=True)
@@ -181,8 +253,9 @@ def world():
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 4)
     gh, gc = completion_grads(m, tok, crec, ex_hacks, 0.7), completion_grads(m, tok, crec, cleans, 0.7)
-    basis = build_basis(gh, gc, "svd", 2, 0.0, 0.99, 50, 0.0, 0)  # permissive: keep directions on a random model
-    rnd = build_basis(gh, gc, "random", 2, 0.0, 0.99, 50, 0.0, 0, like=basis)
+    # permissive: keep directions on a random model
+    basis = build_basis(gh, gc, BasisSettings("svd", 2, 0.0, 0.99, 50, 0.0, 0))
+    rnd = build_basis(gh, gc, BasisSettings("random", 2, 0.0, 0.99, 50, 0.0, 0), like=basis)
     assert basis.vh, "the test basis must keep some directions"
     layer = Params().basis.act_layer
     act = act_basis(
@@ -206,12 +279,13 @@ def run(
     result: dict | None = None,
     act: Basis | None = None,
 ):
-    """Train `arm` (a name, or an Arm) on the tiny world (with its overrides, as the train stage runs it); returns the
-    final (δS, δS_h) per module. `result` receives train()'s result. `act`: the gate's v_act (default the world's; a
-    share-matched control's counts with the world's, so it defaults to a random one, as the stage gives it)."""
-    a = arm if isinstance(arm, Arm) else get_arm(arm)
-    deploy = dict(a.overrides).get("projection.deploy_frac")  # a quarter of 2 prompts is none: 4 a step
-    p = a.params(p or tiny_params(prompts_per_step=4 if deploy else 2))
+    """Train `arm` (an Arm, or a run key of TABLE: `spec`) on the tiny world with params `p` (default tiny_params())
+    as the train stage runs it (`arms.run_params`: the keys only masked routing reads neutral for other rules);
+    returns the final (δS, δS_h) per module. `result` receives train()'s result. `act`: the gate's v_act (default the
+    world's; a share-matched control's counts with the world's, so it defaults to a random one, as the stage gives
+    it)."""
+    a = spec(arm)
+    p = arms.run_params(p or tiny_params(), a)
     m = model
     if m is None:
         m = tiny_model(len(world["tok"]))
@@ -234,23 +308,12 @@ def run(
         extraction=world["ex"],
         ref_act=world["act"] if share else None,
     )
-    res = train(
-        p,
-        a,
-        steps_seed,
-        m,
-        world["tok"],
-        world["records"],
-        None,
-        tmp / "ckpt",
-        tmp / "log.tsv",
-        rb=rb,
-        pool=pool,
-        signature={"arm": a.name},
-        progress=False,
-        grade_fn=grader or fake_grader(),
-        timings_path=tmp / "timings.tsv",
+    io = (tmp / "ckpt", tmp / "log.tsv")
+    sig, grade = {"arm": a.name}, grader or fake_grader()
+    run_ = Run(
+        p, a, steps_seed, m, world["tok"], world["records"], *io, rb, pool, None, sig, grade, tmp / "timings.tsv"
     )
+    res = train(run_, progress=False)
     if result is not None:
         result.update(res)
     return {n: (x.delta.detach().clone(), x.knob.detach().clone()) for n, x in adapters(m).items()}
@@ -276,16 +339,16 @@ def reads_labels(col: str) -> bool:
 @pytest.mark.parametrize(
     "arm,col",
     [
-        ("route_per_rollout_random", "routed"),
-        ("route_two_sided_random", "routed"),
-        ("erase_one_sided_random", "removed"),
+        ("route_per_rollout+random", "routed"),
+        ("route_two_sided+random", "routed"),
+        ("erase_one_sided+random", "removed"),
     ],
 )
 def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm, col):
     """projection.random_match=mass: at every step the control's routed (erased) share of g equals the share the same
     rule moves along v_hack from the same gradients and gates (logged as match_target, computed independently of the
-    control's own rows); with rank it is the control's own amount, and nothing is matched. route_per_token_random
-    (no per-token v_hack capture) and route_full_random (matched by construction) log no target."""
+    control's own rows); with rank it is the control's own amount, and nothing is matched. route_per_token+random
+    (no per-token v_hack capture) and route_full+random (matched by construction) log no target."""
     run(world, arm, tmp_path / "m")
     mass = log_column(tmp_path / "m", col)
     target = log_column(tmp_path / "m", "match_target")
@@ -294,7 +357,7 @@ def test_mass_matched_random_control_moves_what_vhack_would(world, tmp_path, arm
     run(world, arm, tmp_path / "r", p=p)
     assert "match_target" not in log_columns(tmp_path / "r")
     assert log_column(tmp_path / "r", col)[0] != pytest.approx(mass[0], rel=1e-3)  # the first step's g is the same
-    for ctl in ("route_per_token_random", "route_full_random"):
+    for ctl in ("route_per_token+random", "route_full+random"):
         run(world, ctl, tmp_path / ctl)
         assert "match_target" not in log_columns(tmp_path / ctl)
 
@@ -303,17 +366,26 @@ def same(a, b) -> bool:
     return all(torch.equal(a[n][0], b[n][0]) and torch.equal(a[n][1], b[n][1]) for n in a)
 
 
-def test_a_variant_arm_refuses_params_without_its_overrides(tmp_path):
-    """A variant arm is only its overrides: train() given params.yaml's params without them (as gpu_smoke once called
-    it, which ran route_masked's gradient gate under route_masked_act_mr_is's name) stops before writing anything;
-    with them it gets past the check."""
-    a, p = get_arm("route_masked_act_mr_is_deploy_gate_q"), tiny_params()
-    with pytest.raises(ValueError, match=r"lack arm route_masked_act_mr_is_deploy_gate_q's overrides .*arm\.params"):
-        train(p, a, 41, None, None, [], None, tmp_path / "ckpt", tmp_path / "log.tsv")
-    assert not any(tmp_path.iterdir())
-    with pytest.raises(Exception) as err:  # the next check needs a model: the override check passed
-        train(a.params(p), a, 41, None, None, [], None, tmp_path / "ckpt", tmp_path / "log.tsv")
-    assert "overrides" not in str(err.value)
+def test_train_refuses_masked_only_keys_for_other_rules(tmp_path):
+    """params.yaml holds the routed arm's mechanics; a rule other than masked routing must run with the keys only
+    masked routing reads neutral (arms.run_params, as the stages call it). train() given params.yaml's as they are
+    (with the default routed arm's bundle set) stops before writing anything; with run_params' it gets past the check,
+    and masked routing takes them as they are."""
+    p = masked("act_mr_is_deploy_gate_q_cap", tiny_params(prompts_per_step=4))
+    args = (41, None, None, [], tmp_path / "ckpt", tmp_path / "log.tsv")
+    for key in ("route_per_rollout", "route_per_rollout+random", "erase_one_sided", "vanilla"):
+        a = spec(key)
+        with pytest.raises(ValueError, match=rf"pass arms\.run_params\(p, arm\) for arm {re.escape(a.name)},"):
+            train(Run(p, a, *args))
+        assert not any(tmp_path.iterdir())
+        with pytest.raises(Exception) as err:  # the next check needs a model: the params check passed
+            train(Run(arms.run_params(p, a), a, *args))
+        assert "run_params" not in str(err.value)
+    for key in ("route_masked", "route_masked+random", "route_masked+oracle_gate"):
+        assert arms.run_params(p, spec(key)) is p
+        with pytest.raises(Exception) as err:
+            train(Run(p, spec(key), *args))
+        assert "run_params" not in str(err.value)
 
 
 def test_same_seed_twice_bitwise_equal_and_moves(world, tmp_path):
@@ -402,7 +474,7 @@ def test_code_digest_follows_the_loaded_sources(tmp_path):
     assert code_digest(root, [a]) != d  # b not loaded: not in it
     (root / "b.py").write_text("Y = 3\n")
     assert code_digest(root, [a, b]) != d
-    assert "code" in run_signature(tiny_params(), get_arm("vanilla"), 41, None)
+    assert "code" in run_signature(tiny_params(), spec("vanilla"), 41, None)
     sig = {"arm": "vanilla", "code": d}
     out = tmp_path / "run"
     assert prepare_run_dir(out, sig) == 0
@@ -423,7 +495,7 @@ def test_run_signature_keeps_old_checkpoints_resumable():
     p = tiny_params()
     for section, new in SIGNATURE_DEFAULTS.items():  # they are the defaults
         assert {k: getattr(getattr(p, section), k) for k in new} == new
-    sig = run_signature(p, get_arm("vanilla"), 41, None)
+    sig = run_signature(p, spec("vanilla"), 41, None)
     assert not set(SIGNATURE_DEFAULTS["grpo"]) & set(sig["grpo"]) and "lr" in sig["grpo"]
     assert "deploy_frac" not in sig["projection"] and "band" in sig["projection"]
     assert "batch_size" not in sig["rollout"] and "max_new_tokens" in sig["rollout"]
@@ -435,29 +507,28 @@ def test_run_signature_keeps_old_checkpoints_resumable():
         ("micro_batch_tokens", 4096),
         ("grad_checkpointing", True),
     ):
-        other = run_signature(tiny_params(**{key: value}), get_arm("vanilla"), 41, None)
+        other = run_signature(tiny_params(**{key: value}), spec("vanilla"), 41, None)
         assert other["grpo"][key] == value and other != sig
     q = dataclasses.replace(p, rollout=dataclasses.replace(p.rollout, batch_size=64))
-    other = run_signature(q, get_arm("vanilla"), 41, None)
+    other = run_signature(q, spec("vanilla"), 41, None)
     assert other["rollout"]["batch_size"] == 64 and other != sig
     q = dataclasses.replace(p, projection=dataclasses.replace(p.projection, deploy_frac=0.5))
-    other = run_signature(q, get_arm("vanilla"), 41, None)
+    other = run_signature(q, spec("vanilla"), 41, None)
     assert other["projection"]["deploy_frac"] == 0.5 and other != sig
 
 
-NO_CHEAT = [(arm, "") for arm in ROUTING] + [
+NO_CHEAT = ROUTING + [
     ("route_per_token", "refresh"),
-    ("route_per_rollout_random", "refresh"),
+    ("route_per_rollout+random", "refresh"),
     ("route_per_rollout", "act+refresh"),
     ("route_per_rollout", "shared"),
     ("route_full", "deploy"),
     ("route_per_token", "deploy"),
     ("route_masked", "heal"),
     ("route_masked", "main_rows"),
-    ("route_masked_act", ""),
-    ("route_per_token", "act"),
-    ("route_masked_mr_q", ""),
-    ("route_masked_is", ""),
+    ("route_masked", "bundle=act"),
+    ("route_masked", "bundle=mr_q"),
+    ("route_masked", "bundle=is"),
 ]
 
 
@@ -470,20 +541,22 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     Every logged quantity but the label-derived ones is equal too (gate, thresholds, calibration interval, span
     norms), while the live label diagnostic `gate_auroc_live` of gated arms really does read the labels: it
     differs between the two graders on some step where both define it."""
-    p = tiny_params(
-        projection={"refresh_every": 2}
-        if "refresh" in variant
-        else {"deploy_frac": 0.5}
-        if "deploy" in variant
-        else {"heal_steps": 2}
-        if "heal" in variant
-        else {"main_baseline": "main_rows"}
-        if "main_rows" in variant
-        else None,
-        basis={"space": "act"} if "act" in variant else None,
-        share_prompt="shared" in variant,
-        prompts_per_step=4 if "deploy" in arm else 2,  # route_masked_deploy: a quarter of the prompts is one
-    )
+    if variant.startswith("bundle="):  # masked routing under a bundle of MASKED
+        p = masked(variant.removeprefix("bundle="))
+    else:
+        p = tiny_params(
+            projection={"refresh_every": 2}
+            if "refresh" in variant
+            else {"deploy_frac": 0.5}
+            if "deploy" in variant
+            else {"heal_steps": 2}
+            if "heal" in variant
+            else {"main_baseline": "main_rows"}
+            if "main_rows" in variant
+            else None,
+            basis={"space": "act"} if "act" in variant else None,
+            share_prompt="shared" in variant,
+        )
     a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
     b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
     assert same(a, b)
@@ -493,7 +566,7 @@ def test_no_cheat_routing_never_reads_labels(world, tmp_path, arm, variant):
     assert ca.keys() == cb.keys() and {"vh_delta", "vh_knob"} <= ca.keys()
     assert {k: v for k, v in ca.items() if not reads_labels(k)} == {k: v for k, v in cb.items() if not reads_labels(k)}
     assert ca["hack"] != cb["hack"], "the two graders must disagree on labels for this test to have teeth"
-    if get_arm(arm).gate is not None:
+    if spec(arm).gate is not None:
         both = [(x, y) for x, y in zip(ca["gate_auroc_live"], cb["gate_auroc_live"]) if "nan" not in (x, y)]
         assert both and any(x != y for x, y in both), (ca["gate_auroc_live"], cb["gate_auroc_live"])
     else:
@@ -586,18 +659,8 @@ def test_diag_columns_after_the_update(world, tmp_path, arm):
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in vh]
     own = p.grpo.share_prompt and arm == "route_per_rollout"
-    (t_lo, t_hi), auc, (c_lo, c_hi), quality = calibrate_gate(
-        m,
-        world["tok"],
-        world["cal"],
-        get_arm(arm).gate,
-        world["basis"],
-        kept,
-        p.projection,
-        p.rollout.temperature,
-        None,
-        own,
-    )
+    g = GateSpec(spec(arm).gate, None, p.projection, p.rollout.temperature, own)
+    (t_lo, t_hi), auc, (c_lo, c_hi), quality = calibrate_gate(m, world["tok"], world["cal"], g, world["basis"], kept)
     first = {k: float(cols[k][0]) for k in ("tau_lo", "tau_hi", "gate_auroc", "gate_auroc_lo", "gate_auroc_hi")}
     assert first == pytest.approx(
         {"tau_lo": t_lo, "tau_hi": t_hi, "gate_auroc": auc, "gate_auroc_lo": c_lo, "gate_auroc_hi": c_hi}, rel=1e-5
@@ -622,9 +685,8 @@ def test_tail_gate_routes_the_calibrated_top_tail_and_logs_its_precision(world, 
     m = tiny_model(len(world["tok"]))
     attach_adapters(m, "all", 4)
     kept = [n for n in adapters(m) if n in world["basis"].vh]
-    cal = calibrate_gate(
-        m, world["tok"], world["cal"], get_arm(arm).gate, world["basis"], kept, p.projection, 0.7, None, False
-    )
+    g = GateSpec(spec(arm).gate, None, p.projection, 0.7)
+    cal = calibrate_gate(m, world["tok"], world["cal"], g, world["basis"], kept)
     (t_lo, t_hi), q = cal[0], cal[3]
     assert t_lo == t_hi and set(q) == {"precision", "recall", "f05"} and q["recall"] > 0
     if arm != "route_per_token":  # 3 held-out pairs, f = 0.34: at most ⌊1.02⌋ = 1 clean completion routed
@@ -638,16 +700,26 @@ def test_tail_gate_routes_the_calibrated_top_tail_and_logs_its_precision(world, 
     assert (tmp_path / "cut" / "log.tsv").read_text() == (tmp_path / "full" / "log.tsv").read_text()
 
 
-SHARED = "route_masked_act_mr_is_tail_random"  # the share-matched control (arms.Arm.share_matched)
+# the share-matched control (arms.Arm.share_matched, direction.share_matched): masked routing's random control with
+# an activation tail gate
+SHARED = "route_masked+random"
+
+
+class Unmatched(Arm):
+    """The same control with its own calibrated tail (share_matched off): what the share-matched one is compared to."""
+
+    @property
+    def share_matched(self) -> bool:
+        return False
 
 
 def test_share_matched_control_routes_v_acts_count_and_picks_by_its_own_score(world):
     """A share-matched control's live gate routes exactly as many rows as v_act's calibrated tail would route on the
     same batch (rows with A != 0, deploy rows excluded without deploy_gate), and those rows are the top ones by its own
     random direction's score: with its own threshold it would route none here. It needs v_act (one-line error)."""
-    arm = get_arm(SHARED)
-    p = arm.params(tiny_params())
-    assert share_matched(p, arm) and not share_matched(p, get_arm("route_masked_act_mr_is_random"))
+    arm, p = spec(SHARED), masked("act_mr_is_tail")
+    assert share_matched(p, arm) and not share_matched(masked("act_mr_is"), arm)  # the tail and the act gate
+    assert not share_matched(p, spec("route_masked")) and not share_matched(p, spec("route_masked+oracle_gate"))
     own = random_act(world["act"], act_seed(0))
     rb = RunBasis(world["random"], act=own, cal=world["cal"], ref_act=world["act"])
     with pytest.raises(ValueError, match="ref_act"):
@@ -674,8 +746,9 @@ def test_share_matched_control_end_to_end(world, tmp_path):
     same pick); with its random direction it is a different run from the unmatched one. Stopped after 3 steps and
     resumed to 4, it ends bitwise equal to 4 straight steps, log included: the checkpoint carries v_act's gate, whose
     thresholds are not the control's own."""
-    arm, p = get_arm(SHARED), tiny_params(projection={"f": 0.34}, steps=4)
-    plain = dataclasses.replace(arm, share_matched=False)
+    arm, p = spec(SHARED), masked("act_mr_is_tail", tiny_params(projection={"f": 0.34}, steps=4))
+    plain = Unmatched(**dataclasses.asdict(arm))
+    assert share_matched(p, arm) and not share_matched(p, plain)
     assert same(run(world, arm, tmp_path / "a", p=p, act=world["act"]), run(world, plain, tmp_path / "b", p=p))
     full = run(world, arm, tmp_path / "full", p=p)
     own = random_act(world["act"], act_seed(0))
@@ -819,7 +892,7 @@ def test_refresh_erase_updates_orthogonal_to_refreshed_basis(world, tmp_path, mo
     assert before > 1e-3
 
 
-@pytest.mark.parametrize("arm", ["route_per_rollout", "route_per_token_random"])
+@pytest.mark.parametrize("arm", ["route_per_rollout", "route_per_token+random"])
 def test_resume_across_refreshes_is_bitwise_identical(world, tmp_path, arm):
     """Refreshes at steps 2 and 4, gate recalibration every 2 steps: a run stopped after 3 steps (between the two
     refreshes, off the recalibration grid) and continued to 5 in the same directory ends bitwise equal to 5 straight
@@ -856,16 +929,19 @@ def test_refresh_is_the_stage_extraction_and_the_random_control_stays_matched(wo
     with torch.no_grad():  # away from δS = 0: a refresh happens mid-run
         for i, a in enumerate(adapters(m).values()):
             a.delta.copy_(0.2 * torch.randn(a.dim, generator=torch.Generator().manual_seed(i)))
-    bp = tiny_params().basis
-    real = refresh_basis(m, tok, ex, bp, False, 4, 0.7, bp.act_layer)
+    p = tiny_params()
+    bp = p.basis
+    real = refresh_basis(m, tok, ex, p, False, 4, bp.act_layer)
     gh, gc = completion_grads(m, tok, ex.records, ex.hack, 0.7), completion_grads(m, tok, ex.records, ex.clean, 0.7)
-    ref = build_basis(gh, gc, "svd", bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed)
+    ref = build_basis(
+        gh, gc, BasisSettings("svd", bp.k, bp.tau, bp.alpha_sig, bp.n_flips, bp.drop_bottom_frac, bp.seed)
+    )
     assert ref.vh.keys() == real.vh.keys() and all(torch.equal(ref.vh[n], real.vh[n]) for n in ref.vh)
     assert all(torch.equal(ref.nu[n], real.nu[n]) for n in ref.nu)
     a_h = pooled_activations(m, tok, ex.records, ex.hack, bp.act_layer)
     a_c = pooled_activations(m, tok, ex.records, ex.clean, bp.act_layer)
     assert torch.equal(real.v_act, act_basis(a_h, a_c, bp.act_layer).v_act)
-    rnd, again, later = (refresh_basis(m, tok, ex, bp, True, s, 0.7, bp.act_layer) for s in (4, 4, 6))
+    rnd, again, later = (refresh_basis(m, tok, ex, p, True, s, bp.act_layer) for s in (4, 4, 6))
     for x in (rnd, later):  # the control's activation gate is redrawn at random too, per (basis seed, step)
         assert abs(float(x.v_act.norm()) - 1) < 1e-5 and abs(float(x.v_act @ real.v_act)) < 0.9
     assert torch.equal(rnd.v_act, again.v_act) and not torch.allclose(rnd.v_act, later.v_act)
@@ -877,26 +953,22 @@ def test_refresh_is_the_stage_extraction_and_the_random_control_stays_matched(wo
 
 
 def test_refresh_and_gates_need_their_inputs(world, tmp_path):
-    a = get_arm("route_per_token")
+    a = spec("route_per_token")
     m = tiny_model(len(world["tok"]))
     attach_adapters(m, "all", 4)
-    args = (41, m, world["tok"], world["records"], None, tmp_path / "ck", tmp_path / "log.tsv")
+    args = (41, m, world["tok"], world["records"], tmp_path / "ck", tmp_path / "log.tsv")
     with pytest.raises(ValueError, match="extraction pairs"):
-        train(refreshing(2), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
+        train(Run(refreshing(2), a, *args, rb=RunBasis(world["basis"], cal=world["cal"])))
     with pytest.raises(ValueError, match="calibrates its gate"):
-        train(tiny_params(), a, *args, rb=RunBasis(world["basis"]))
+        train(Run(tiny_params(), a, *args, rb=RunBasis(world["basis"])))
     with pytest.raises(ValueError, match="needs a basis"):
-        train(tiny_params(), a, *args)
+        train(Run(tiny_params(), a, *args))
     with pytest.raises(ValueError, match="basis.space=act needs v_act"):  # per-token routing reads v_act too
-        train(tiny_params(basis={"space": "act"}), a, *args, rb=RunBasis(world["basis"], cal=world["cal"]))
+        train(Run(tiny_params(basis={"space": "act"}), a, *args, rb=RunBasis(world["basis"], cal=world["cal"])))
     wrong = Basis({}, {}, {**world["act"].meta, "act_layer": 0}, world["act"].v_act)
     with pytest.raises(ValueError, match="act_layer"):
-        train(
-            tiny_params(basis={"space": "act"}),
-            get_arm("route_per_rollout"),
-            *args,
-            rb=RunBasis(world["basis"], act=wrong, cal=world["cal"]),
-        )
+        rb = RunBasis(world["basis"], act=wrong, cal=world["cal"])
+        train(Run(tiny_params(basis={"space": "act"}), spec("route_per_rollout"), *args, rb=rb))
 
 
 @pytest.mark.parametrize(
@@ -924,17 +996,14 @@ def test_deploy_groups_how_many_and_micro_batches():
     """round(frac·B) deploy prompts for gated routing arms, 0 for arms without a knob, a clear error for batch routing
     (it cannot keep single rows out of the knob) and for a share that rounds to no or every prompt; micro-batches
     never straddle the knob-on / knob-off boundary and are today's slices when there is none."""
-    assert (
-        deploy_prompts(0.5, 4, get_arm("route_per_rollout")) == 2
-        and deploy_prompts(0.25, 4, get_arm("route_full")) == 1
-    )
-    assert deploy_prompts(0.5, 4, get_arm("vanilla")) == 0 and deploy_prompts(0.5, 4, get_arm("erase_one_sided")) == 0
-    assert deploy_prompts(0.0, 4, get_arm("route_per_token")) == 0
+    assert deploy_prompts(0.5, 4, spec("route_per_rollout")) == 2 and deploy_prompts(0.25, 4, spec("route_full")) == 1
+    assert deploy_prompts(0.5, 4, spec("vanilla")) == 0 and deploy_prompts(0.5, 4, spec("erase_one_sided")) == 0
+    assert deploy_prompts(0.0, 4, spec("route_per_token")) == 0
     with pytest.raises(ValueError, match="summed gradient"):
-        deploy_prompts(0.5, 4, get_arm("route_batch"))
+        deploy_prompts(0.5, 4, spec("route_batch"))
     for frac, B in ((0.1, 2), (0.9, 2)):
         with pytest.raises(ValueError, match="deploy prompts"):
-            deploy_prompts(frac, B, get_arm("route_per_rollout"))
+            deploy_prompts(frac, B, spec("route_per_rollout"))
     assert micro_batches(12, 12, 5) == [slice(s, min(12, s + 5)) for s in range(0, 12, 5)]
     mbs = micro_batches(8, 12, 5)
     assert mbs == [slice(0, 5), slice(5, 8), slice(8, 12)]
@@ -957,25 +1026,25 @@ def test_deploy_groups_are_sampled_and_trained_with_the_knob_off(world):
     deploy rows' per-rollout gradients are exactly a knob-off forward/backward and the others a knob-on one (the knob
     really changes them), and the live gate is 0 on every deploy row, so their gradient reaches the main only."""
     tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5})
-    arm, G, seed = get_arm("route_full"), p.grpo.group_size, 7
+    arm, G, seed = spec("route_full"), p.grpo.group_size, 7
     m = knobbed_model(tok)
     knob0 = {n: a.knob.detach().clone() for n, a in adapters(m).items()}
     recs = world["records"][:2]
-    ro, is_student = step_rollout(m, tok, recs, G, 0, None, random.Random(0), p, seed, 1)
+    ro, is_student = step_rollout(m, tok, recs, p, seed, random.Random(0), 1)
     assert all(torch.equal(a.knob, knob0[n]) for n, a in adapters(m).items())
-    on, _ = mixed_rollout(m, tok, recs[:1], G, 0, None, random.Random(0), p, seed)
+    on, _ = mixed_rollout(m, tok, recs[:1], p, seed, random.Random(0))
     with knob_disabled(m):
-        off, _ = mixed_rollout(m, tok, recs[1:], G, 0, None, random.Random(0), p, seed + DEPLOY_SEED)
+        off, _ = mixed_rollout(m, tok, recs[1:], p, seed + DEPLOY_SEED, random.Random(0))
     assert ro.texts == on.texts + off.texts and is_student == [True] * 2 * G
     d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
-    d.gate.calibrate(0, "t", m, tok, world["cal"], arm.gate, d.cur, d.kept, p.projection, 0.7, None, False)
+    d.gate.calibrate(0, "t", m, tok, world["cal"], GateSpec(arm.gate, None, p.projection, 0.7), d.cur, d.kept)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5] * 2)
     mbs, timer = micro_batches(G, 2 * G, G), PhaseTimer(STEP_PHASES)
     refs = reference_logprobs(m, ro, mbs, p, timer)  # adapter off: the same for both knob states
-    gr = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, G)
-    gr_on = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+    gr = loss_backward(LossBatch(m, ro, mbs, refs, G, p, arm, d, False, timer), adv)
+    gr_on = loss_backward(LossBatch(m, ro, mbs, refs, 2 * G, p, arm, d, False, timer), adv)
     with knob_disabled(m):
-        gr_off = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, 2 * G)
+        gr_off = loss_backward(LossBatch(m, ro, mbs, refs, 2 * G, p, arm, d, False, timer), adv)
     for n in d.kept:
         assert torch.equal(gr.rows[n][:G], gr_on.rows[n][:G]) and torch.equal(gr.rows[n][G:], gr_off.rows[n][G:])
     assert any(not torch.equal(gr_on.rows[n][G:], gr_off.rows[n][G:]) for n in d.kept)
@@ -1003,11 +1072,11 @@ def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(worl
     and changes the run."""
     tok, p = world["tok"], tiny_params(projection={"deploy_frac": 0.5, "deploy_gate": True})
     p_off = tiny_params(projection={"deploy_frac": 0.5})
-    arm, G = get_arm("route_masked_oracle"), p.grpo.group_size
+    arm, G = spec("route_masked+oracle_gate"), p.grpo.group_size
     N = 2 * G
     with pytest.raises(ValueError, match="deploy_gate"):
-        deploy_prompts(0.5, 2, get_arm("route_full"), gated=True)
-    assert deploy_prompts(0.5, 2, arm, gated=True) == 1 and deploy_prompts(0.5, 2, get_arm("route_full")) == 1
+        deploy_prompts(0.5, 2, spec("route_full"), gated=True)
+    assert deploy_prompts(0.5, 2, arm, gated=True) == 1 and deploy_prompts(0.5, 2, spec("route_full")) == 1
     # the gate: rows G… are the deploy rows; the oracle routes hack rows with A != 0
     d, gr = random_row_grads(world, p, arm, N)
     adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.0, 0.5])
@@ -1018,8 +1087,8 @@ def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(worl
     assert m_off.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     # the masked pass, with a non-zero knob
     m = knobbed_model(tok)
-    ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 3, 1)
-    masked = get_arm("route_masked")
+    ro, _ = step_rollout(m, tok, world["records"][:2], p, 3, random.Random(0), 1)
+    masked = spec("route_masked")
     dm = Direction(p, masked, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
     adv = torch.linspace(-1.0, 1.0, N)
     mbs, timer = micro_batches(G, N, G), PhaseTimer(STEP_PHASES)
@@ -1027,33 +1096,34 @@ def test_deploy_gate_routes_deploy_rows_and_trains_a_routed_one_in_the_knob(worl
     masks = mask_states(torch.tensor([0.0, 1.0, 0.5, 0.0, 1.0, 0.0, 0.5, 1.0]))
 
     def grads(q, n_on):
-        return loss_backward(m, ro, refs, adv, mbs, q, masked, dm, False, timer, n_on, masks)
+        return loss_backward(LossBatch(m, ro, mbs, refs, n_on, q, masked, dm, False, timer), adv, masks)
 
     gated, all_on, whole_off = grads(p, G), grads(p, N), grads(p_off, G)
     for n in dm.names:
         assert torch.equal(gated.raw[n], all_on.raw[n]) and torch.equal(gated.knob_raw[n], all_on.knob_raw[n])
     assert any(not torch.equal(gated.knob_raw[n], whole_off.knob_raw[n]) for n in dm.names)
-    a = run(world, "route_masked_oracle", tmp_path / "a", p=p)
-    assert same(a, run(world, "route_masked_oracle", tmp_path / "b", p=p))
-    assert not same(a, run(world, "route_masked_oracle", tmp_path / "c", p=p_off))
+    a = run(world, "route_masked+oracle_gate", tmp_path / "a", p=p)
+    assert same(a, run(world, "route_masked+oracle_gate", tmp_path / "b", p=p))
+    assert not same(a, run(world, "route_masked+oracle_gate", tmp_path / "c", p=p_off))
 
 
-@pytest.mark.parametrize("arm", ORACLE_GATED)
-def test_oracle_gate_routes_exactly_the_hack_rows_and_reads_the_labels(world, tmp_path, arm):
+@pytest.mark.parametrize("arm,bundle", ORACLE_GATED)
+def test_oracle_gate_routes_exactly_the_hack_rows_and_reads_the_labels(world, tmp_path, arm, bundle):
     """An oracle arm (issue 25's upper bound) routes a rollout iff the grader labels it hack and its advantage is
     nonzero; deploy rows stay unrouted; its role is oracle (never wins). End to end, unlike every other routing arm
     (test_no_cheat_routing_never_reads_labels), its parameters follow the labels: two graders with the same rewards
     and different labels give different runs, and the knob learns."""
-    spec = get_arm(arm)
-    assert spec.role == "oracle" and spec.gate == "rollout"
+    a_ = spec(arm)
+    assert a_.role == "oracle" and a_.gate == "rollout" and a_.control is None
     G, N = 4, 8
-    d, gr = random_row_grads(world, tiny_params(), spec, N)
+    d, gr = random_row_grads(world, tiny_params(), a_, N)
     adv = torch.tensor([1.0, -1.0, 0.0, 0.5, 1.0, -1.0, 0.5, 0.5])
     hack = torch.tensor([True, True, True, False, False, True, True, False])
-    m, _, _ = live_gates(spec, d, gr, adv, torch.ones(N, 3), tiny_params().projection, G, hack)
+    m, _, _ = live_gates(a_, d, gr, adv, torch.ones(N, 3), tiny_params().projection, G, hack)
     assert m.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # rows 4… are deploy rows; row 2 has A = 0
-    a = run(world, arm, tmp_path / "a", grader=fake_grader("x"))
-    b = run(world, arm, tmp_path / "b", grader=fake_grader("y"))
+    p = masked(bundle) if bundle else None
+    a = run(world, arm, tmp_path / "a", p=p, grader=fake_grader("x"))
+    b = run(world, arm, tmp_path / "b", p=p, grader=fake_grader("y"))
     assert not same(a, b)
     assert any(float(k.abs().max()) > 0 for _, k in a.values()), "hack rows were routed: the knob moved"
 
@@ -1064,9 +1134,9 @@ def test_masked_loss_trains_the_main_knob_off_and_the_knob_on_routed_rows(world)
     exactly a knob-on backward's gradient; a mixed gate splits row by row (per-rollout probes: δS.grad is the sum of
     the m < 1 rows' gradients in their own states, δS_h.grad that of the m > 0 rows')."""
     tok, p = world["tok"], tiny_params()
-    arm, G = get_arm("route_masked"), p.grpo.group_size
+    arm, G = spec("route_masked"), p.grpo.group_size
     m = knobbed_model(tok)
-    ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 3, 0)
+    ro, _ = step_rollout(m, tok, world["records"][:2], p, 3, random.Random(0))
     N = 2 * G
     d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), False, "t")
     adv = torch.linspace(-1.0, 1.0, N)
@@ -1076,7 +1146,7 @@ def test_masked_loss_trains_the_main_knob_off_and_the_knob_on_routed_rows(world)
     def grads(gate: Tensor | None, knob_off: bool = False):
         masks = mask_states(gate) if gate is not None else None
         with knob_disabled(m) if knob_off else contextlib.nullcontext():
-            return loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, N, masks)
+            return loss_backward(LossBatch(m, ro, mbs, refs, N, p, arm, d, False, timer), adv, masks)
 
     on, off = grads(None), grads(None, knob_off=True)
     unrouted, routed = grads(torch.zeros(N)), grads(torch.ones(N))
@@ -1095,8 +1165,8 @@ def test_masked_loss_trains_the_main_knob_off_and_the_knob_on_routed_rows(world)
     # float rounding), for the mixed gate (three states in a group) and a gate that routes one group whole
     ps = tiny_params(share_prompt=True)
     for gate in (torch.tensor([0.0, 1.0, 0.5, 0.0] * (N // 4)), torch.tensor([1.0] * G + [0.0] * G)):
-        per_row = loss_backward(m, ro, refs, adv, mbs, p, arm, d, False, timer, N, mask_states(gate))
-        shared = loss_backward(m, ro, refs, adv, mbs, ps, arm, d, False, timer, N, mask_states(gate))
+        per_row = loss_backward(LossBatch(m, ro, mbs, refs, N, p, arm, d, False, timer), adv, mask_states(gate))
+        shared = loss_backward(LossBatch(m, ro, mbs, refs, N, ps, arm, d, False, timer), adv, mask_states(gate))
         assert not shared.rows and per_row.rows
         for n in d.names:
             torch.testing.assert_close(shared.raw[n], per_row.raw[n], atol=1e-6, rtol=1e-4)
@@ -1142,19 +1212,17 @@ def test_masked_act_gate_pass_is_forward_only(world, tmp_path, monkeypatch):
     calls = []
     full = T.loss_backward
     monkeypatch.setattr(T, "loss_backward", lambda *a, **k: calls.append(1) or full(*a, **k))
-    fast = run(world, "route_masked_act", tmp_path / "fast")
+    p_act, arm_act = masked("act"), spec("route_masked")
+    fast = run(world, arm_act, tmp_path / "fast", p=p_act)
     assert len(calls) == tiny_params().grpo.steps  # the masked pass only
 
-    def via_loss_backward(model, ro, mbs, temperature, d, timer, n_on):  # the full first pass, as before
-        refs = [None] * len(mbs)
-        return full(
-            model, ro, refs, torch.zeros(ro.completion_ids.shape[0]), mbs, p_act, arm_act, d, False, timer, n_on
-        )
+    def via_loss_backward(lb):  # the full first pass, as before
+        lb = dataclasses.replace(lb, refs=[None] * len(lb.mbs), p=p_beta0)
+        return full(lb, torch.zeros(lb.ro.completion_ids.shape[0]))
 
-    p_act, arm_act = get_arm("route_masked_act").params(tiny_params()), get_arm("route_masked_act")
-    p_act = dataclasses.replace(p_act, grpo=dataclasses.replace(p_act.grpo, beta=0.0))
+    p_beta0 = dataclasses.replace(p_act, grpo=dataclasses.replace(p_act.grpo, beta=0.0))
     monkeypatch.setattr(T, "gate_activations", via_loss_backward)
-    slow = run(world, "route_masked_act", tmp_path / "slow")
+    slow = run(world, arm_act, tmp_path / "slow", p=p_act)
     logs = [{k: v for k, v in log_columns(tmp_path / x).items() if k != "dt"} for x in ("fast", "slow")]
     assert same(fast, slow) and logs[0] == logs[1]
 
@@ -1164,10 +1232,10 @@ def test_main_rows_baseline_end_to_end(world, tmp_path):
     while the group baseline logs its own sum), the run is deterministic and differs from the group baseline's; arms
     without row masks ignore it (bitwise the same run)."""
     p = tiny_params(projection={"main_baseline": "main_rows"})
-    a = run(world, "route_masked_oracle", tmp_path / "a", p=p)
-    assert same(a, run(world, "route_masked_oracle", tmp_path / "b", p=p))
+    a = run(world, "route_masked+oracle_gate", tmp_path / "a", p=p)
+    assert same(a, run(world, "route_masked+oracle_gate", tmp_path / "b", p=p))
     assert log_column(tmp_path / "a", "adv_main") == pytest.approx([0.0] * tiny_params().grpo.steps, abs=1e-6)
-    g = run(world, "route_masked_oracle", tmp_path / "g")
+    g = run(world, "route_masked+oracle_gate", tmp_path / "g")
     assert not same(a, g) and any(abs(x) > 1e-3 for x in log_column(tmp_path / "g", "adv_main"))
     assert same(run(world, "route_full", tmp_path / "f", p=p), run(world, "route_full", tmp_path / "f0"))
     assert "adv_main" not in log_columns(tmp_path / "f")
@@ -1193,42 +1261,69 @@ def test_separate_quarantine_trains_masked_routing_and_refuses_the_other_rules(w
 
 
 def test_masked_cover_sets_every_override_key():
-    """The covering set of masked variants (MASKED_COVER) sets every override key some variant sets, and covers the
-    deploy rows both gated and ungated, so a new key without an end-to-end run fails here."""
-    keys = lambda sfx: {k for k, _ in MASKED_VARIANTS[sfx]}  # noqa: E731
-    assert set(MASKED_COVER) <= set(MASKED_VARIANTS)
-    assert set().union(*map(keys, MASKED_COVER)) == set().union(*map(keys, MASKED_VARIANTS))
+    """The covering set of masked bundles (MASKED_COVER) sets every key some bundle sets, and covers the deploy rows
+    both gated and ungated, so a new key without an end-to-end run fails here."""
+    keys = lambda b: {k for k, _ in MASKED[b]}  # noqa: E731
+    assert set(MASKED_COVER) <= set(MASKED)
+    assert set().union(*map(keys, MASKED_COVER)) == set().union(*map(keys, MASKED))
     deploy = [s for s in MASKED_COVER if "projection.deploy_frac" in keys(s)]
     assert {"projection.deploy_gate" in keys(s) for s in deploy} == {True, False}
 
 
-@pytest.mark.parametrize("suffix", sorted(MASKED_VARIANTS))
-def test_every_masked_variant_is_route_masked_with_its_overrides(suffix):
-    """Every variant's wiring, without training: its rule, gate and control are route_masked's, and the params it
-    trains on are params.yaml's with exactly its overrides set (what train() reads; MASKED_COVER's run end to end)."""
-    a, base = get_arm(f"route_masked_{suffix}"), get_arm("route_masked")
-    assert (a.edit, a.gate, a.control) == (base.edit, base.gate, f"route_masked_{suffix}_random")
+def test_params_yaml_runs_the_default_routed_bundle():
+    """params.yaml's defaults are the default routed arm's mechanics (MASKED's act_mr_is_deploy_gate_q), which the
+    route entry runs as they are and every other rule with the masked-only keys neutral (arms.run_params)."""
+    from projected_grpo.config import load_params
+
+    p = load_params(ROOT / "params.yaml")
+    get = lambda q, key: getattr(getattr(q, key.split(".")[0]), key.split(".")[1])  # noqa: E731
+    assert {k: get(p, k) for k, _ in MASKED["act_mr_is_deploy_gate_q"]} == dict(MASKED["act_mr_is_deploy_gate_q"])
+    assert arms.run_params(p, arms.resolve(p, "route")) is p
+    q = arms.run_params(p, arms.resolve(p, "erase"))
+    assert {k: get(q, k) for k in arms.MASKED_ONLY} == arms.MASKED_ONLY
+    assert q == with_overrides(p, tuple(arms.MASKED_ONLY.items())) != p
+
+
+def test_experiments_doc_names_every_bundle_part():
+    """docs/experiments.md's table of the old route_masked_<suffix> parts (the recipes that replaced the names) gives
+    each part's params: exactly the (key, value) pairs the bundles set, each part a piece of some bundle's name."""
+    import yaml
+
+    doc = (ROOT / "docs" / "experiments.md").read_text()
+    rows = re.findall(r"^\| `([a-z]+)`[^|]*\| `([a-z_.]+): ([^`]+)` \|", doc, re.M)
+    documented = {(key, yaml.safe_load(value)) for _, key, value in rows}
+    assert documented == {pair for over in MASKED.values() for pair in over}, documented
+    assert all(any(part in b.split("_") for b in MASKED) for part, _, _ in rows)
+
+
+@pytest.mark.parametrize("bundle", sorted(MASKED))
+def test_every_masked_bundle_sets_exactly_its_keys(bundle):
+    """Every bundle's wiring, without training: the params a masked-routing run trains on (its control's and oracle
+    gate's too) are the tiny params with exactly the bundle's keys set; any other rule runs them with the masked-only
+    keys back at their neutral values and the bundle's other keys kept (MASKED_COVER's run end to end)."""
     p0 = tiny_params()
     want = p0
-    for key, v in MASKED_VARIANTS[suffix]:
+    for key, v in MASKED[bundle]:
         sect, k = key.split(".")
         want = dataclasses.replace(want, **{sect: dataclasses.replace(getattr(want, sect), **{k: v})})
-    assert a.params(p0) == want != p0
+    q = with_overrides(p0, MASKED[bundle])
+    assert q == want != p0
+    for key in ("route_masked", "route_masked+random", "route_masked+oracle_gate", "route_masked+oracle_basis"):
+        assert arms.run_params(q, spec(key)) is q
+    other = dict(MASKED[bundle])
+    for key in ("route_per_rollout", "route_full+oracle_gate"):
+        r = arms.run_params(q, spec(key))
+        kept = tuple((k, v) for k, v in MASKED[bundle] if k not in arms.MASKED_ONLY)
+        assert r == with_overrides(p0, kept) and (r == q) == (not set(other) & set(arms.MASKED_ONLY))
 
 
-@pytest.mark.parametrize("suffix", MASKED_COVER)
-def test_masked_variants_train_as_their_overrides_say(world, tmp_path, suffix):
-    """route_masked_<suffix> is route_masked with its overrides: the same run as route_masked trained on params with
-    them set (bitwise), and a different one from plain route_masked. (4 prompts a step: deploy's quarter is one.)"""
-    over = dict(MASKED_VARIANTS[suffix])
-    sect = {s: {k.split(".")[1]: v for k, v in over.items() if k.startswith(s + ".")} for s in ("projection", "basis")}
-    p0 = tiny_params(prompts_per_step=4)
-    p = tiny_params(projection=sect["projection"] or None, basis=sect["basis"] or None, prompts_per_step=4)
-    if "adapter.quarantine" in over:
-        p = dataclasses.replace(p, adapter=dataclasses.replace(p.adapter, quarantine=over["adapter.quarantine"]))
-    v = run(world, f"route_masked_{suffix}", tmp_path / "v", p=p0)
-    assert same(v, run(world, "route_masked", tmp_path / "p", p=p))
-    assert not same(v, run(world, "route_masked", tmp_path / "plain", p=p0))
+@pytest.mark.parametrize("bundle", MASKED_COVER)
+def test_masked_bundles_change_the_run(world, tmp_path, bundle):
+    """Each covering bundle reaches the loop: route_masked under it is another run than plain route_masked (the same
+    prompts a step: 4 where deploy's quarter is one)."""
+    p = masked(bundle)
+    p0 = tiny_params(prompts_per_step=p.grpo.prompts_per_step)
+    assert not same(run(world, "route_masked", tmp_path / "v", p=p), run(world, "route_masked", tmp_path / "0", p=p0))
 
 
 @pytest.mark.parametrize("masked_is, cap", [(False, None), (True, None), (True, 1.5)])
@@ -1239,7 +1334,7 @@ def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(
     sampled in (knob on), and its KL term is ratio-weighted. So once the knob has moved, a row trained knob off (not
     routed) has ratio π_off/π_on ≠ 1, while a routed row (trained knob on) has ratio 1 up to float rounding. Off, every
     call's old_logp is its own log-probs (ratio exactly 1) and nothing is weighted. projection.masked_is_cap reaches
-    the masked pass' loss as its ratio_cap, and no first-pass (on-policy) call. (route_masked_oracle: the fake
+    the masked pass' loss as its ratio_cap, and no first-pass (on-policy) call. (route_masked+oracle_gate: the fake
     grader's labels route about a third of the rows.)"""
     import projected_grpo.rl.train as T
 
@@ -1247,8 +1342,8 @@ def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(
     loss, mask_states = T.grpo_loss, T.mask_states
 
     def spy_loss(logp, old_logp, *a, **k):
-        calls.append((logp.detach().clone(), old_logp.detach().clone(), a[2].bool(), k["kl_is"]))
-        caps.append(k["ratio_cap"])
+        calls.append((logp.detach().clone(), old_logp.detach().clone(), a[2].bool(), a[3].kl_is))
+        caps.append(a[3].ratio_cap)
         return loss(logp, old_logp, *a, **k)
 
     caps = []
@@ -1256,7 +1351,7 @@ def test_masked_is_trains_unrouted_rows_against_the_sampling_states_log_probs(
     monkeypatch.setattr(T, "mask_states", lambda m: states.append(mask_states(m)) or states[-1])
     run(
         world,
-        "route_masked_oracle",
+        "route_masked+oracle_gate",
         tmp_path,
         p=tiny_params(projection={"masked_is": masked_is, "masked_is_cap": cap}),
     )
@@ -1573,11 +1668,10 @@ RESUME_SCRIPT = """
 import sys, torch
 sys.path[:0] = [{root!r}, {src!r}]
 from pathlib import Path
-from tests.test_train import world_plain, tiny_params, fake_grader, slow
+from tests.test_train import world_plain, tiny_params, fake_grader, slow, spec
 from projected_grpo.policy.adapter import attach_adapters, save_adapter
-from projected_grpo.method.arms import get_arm
 from projected_grpo.policy.tiny import tiny_model
-from projected_grpo.rl.train import train
+from projected_grpo.rl.train import Run, train
 import dataclasses
 w = world_plain()
 p = tiny_params()
@@ -1585,8 +1679,8 @@ p = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, steps=6, save_every=
 m = tiny_model(len(w["tok"])); attach_adapters(m, "all", 4)
 torch.set_num_threads(1)
 out = Path(sys.argv[1])
-train(p, get_arm("vanilla"), 41, m, w["tok"], w["records"], None, out / "ckpt", out / "log.tsv",
-      signature={{"v": 1}}, progress=False, grade_fn=slow(fake_grader(), float(sys.argv[2])))
+train(Run(p, spec("vanilla"), 41, m, w["tok"], w["records"], out / "ckpt", out / "log.tsv",
+          signature={{"v": 1}}, grade_fn=slow(fake_grader(), float(sys.argv[2]))), progress=False)
 save_adapter(m, out / "final.safetensors")
 """
 
@@ -1656,13 +1750,13 @@ def test_token_cut_micro_batches_give_the_full_batch_gradient(world, loss, share
     step's rows and tokens, not the micro-batch's. β > 0, so the reference forward (same cut) weighs in."""
     tok = world["tok"]
     p = tiny_params(loss=loss, beta=0.5, share_prompt=share)
-    arm, G = get_arm("route_per_rollout"), p.grpo.group_size
+    arm = spec("route_per_rollout")
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 4)
     with torch.no_grad():
         for i, a in enumerate(adapters(m).values()):
             a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(20 + i)))
-    ro, _ = step_rollout(m, tok, world["records"][:2], G, 0, None, random.Random(0), p, 5, 0)
+    ro, _ = step_rollout(m, tok, world["records"][:2], p, 5, random.Random(0))
     N = ro.completion_ids.shape[0]
     d = Direction(p, arm, RunBasis(world["basis"], cal=world["cal"]), list(adapters(m)), share, "t")
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
@@ -1671,7 +1765,7 @@ def test_token_cut_micro_batches_give_the_full_batch_gradient(world, loss, share
     for cap in (0, 1, 3 * max(widths)):
         mbs, timer = micro_batches(N, N, 8, widths, cap), PhaseTimer(STEP_PHASES)
         refs = reference_logprobs(m, ro, mbs, p, timer)
-        out.append((len(mbs), loss_backward(m, ro, refs, adv, mbs, p, arm, d, share, timer, N)))
+        out.append((len(mbs), loss_backward(LossBatch(m, ro, mbs, refs, N, p, arm, d, share, timer), adv)))
     assert [n for n, _ in out] == [1, 8, 3]
     (_, full), *cuts = out
     for _, gr in cuts:
@@ -1693,7 +1787,7 @@ def test_rollout_batch_size_reaches_the_sampler(world):
     def sample(bs):
         p = tiny_params()
         p = dataclasses.replace(p, rollout=dataclasses.replace(p.rollout, batch_size=bs))
-        return mixed_rollout(m, tok, recs, G, 0, None, random.Random(0), p, 11)[0].completion_ids
+        return mixed_rollout(m, tok, recs, p, 11, random.Random(0))[0].completion_ids
 
     one = sample(None)
     assert torch.equal(sample(2 * G), one) and torch.equal(sample(32), one)
@@ -1701,20 +1795,35 @@ def test_rollout_batch_size_reaches_the_sampler(world):
     assert torch.equal(sample(2), two) and not torch.equal(two, one)
 
 
-@pytest.mark.parametrize("arm", ["vanilla", "route_per_rollout", "route_per_token", "route_masked", "route_masked_is"])
-def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, capsys):
+def opt(bundle: str, **grpo) -> Params:
+    """Tiny params with grpo keys set, and a masked bundle on top where one is named."""
+    p = tiny_params(**grpo)
+    return masked(bundle, p) if bundle else p
+
+
+@pytest.mark.parametrize(
+    "arm,bundle",
+    [
+        ("vanilla", ""),
+        ("route_per_rollout", ""),
+        ("route_per_token", ""),
+        ("route_masked", ""),
+        ("route_masked", "is"),
+    ],
+)
+def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, bundle, capsys):
     """A run with grpo.grad_checkpointing and one-row token cuts (grpo.micro_batch_tokens=1) reaches the adapters of
     the plain run up to float rounding (per-rollout probes and per-token capture included), logs the same rewards,
     and prints the memory pre-flight once, one paragraph on stderr. The act-gated masked arms are checked in parts
     instead (the next two tests): checkpointing alone bit for bit, and their first pass up to rounding under the same
     cuts. For them, three Adam steps carry the cuts' rounding past this tolerance (measured, largest absolute
-    difference: 1.7e-7 for route_masked_act; 9.6e-7 for route_masked_act_mr_is, whose main gradient is ~2e-8 in this
+    difference: 1.7e-7 for route_masked under act; 9.6e-7 under act_mr_is, whose main gradient is ~2e-8 in this
     world, at Adam's eps, so rounding decides its step), though the rewards are the same and the logs agree to 6
     digits; checkpointing alone changes nothing there."""
-    plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
+    plain = run(world, arm, tmp_path / "plain", p=opt(bundle, share_prompt=True))
     capsys.readouterr()
     ck = run(
-        world, arm, tmp_path / "ck", p=tiny_params(share_prompt=True, grad_checkpointing=True, micro_batch_tokens=1)
+        world, arm, tmp_path / "ck", p=opt(bundle, share_prompt=True, grad_checkpointing=True, micro_batch_tokens=1)
     )
     err = capsys.readouterr().err
     assert err.count("Device memory for one GRPO step") == 1 and "checkpointing on" in err
@@ -1725,13 +1834,13 @@ def test_grad_checkpointing_and_token_cuts_train_the_same(world, tmp_path, arm, 
     assert any(float(x.abs().max()) > 0 for x, _ in plain.values())
 
 
-@pytest.mark.parametrize("arm", ["route_masked", "route_masked_is", "route_masked_act", "route_masked_act_mr_is"])
-def test_grad_checkpointing_alone_changes_no_number(world, tmp_path, arm):
+@pytest.mark.parametrize("bundle", ["", "is", "act", "act_mr_is"])
+def test_grad_checkpointing_alone_changes_no_number(world, tmp_path, bundle):
     """grpo.grad_checkpointing on its own recomputes each layer's forward in the backward from the same inputs, in the
     same state (each adapter's probe, knob on/off and masked routing's per-row masks restored), so the run is the plain
     run bit for bit: adapters and every logged column but the wall times."""
-    plain = run(world, arm, tmp_path / "plain", p=tiny_params(share_prompt=True))
-    ck = run(world, arm, tmp_path / "ck", p=tiny_params(share_prompt=True, grad_checkpointing=True))
+    plain = run(world, "route_masked", tmp_path / "plain", p=opt(bundle, share_prompt=True))
+    ck = run(world, "route_masked", tmp_path / "ck", p=opt(bundle, share_prompt=True, grad_checkpointing=True))
     assert same(plain, ck) and any(float(x.abs().max()) > 0 for x, _ in plain.values())
     cols = [{k: v for k, v in log_columns(tmp_path / x).items() if k != "dt"} for x in ("plain", "ck")]
     assert cols[0] == cols[1]
@@ -1742,15 +1851,14 @@ def test_act_gate_first_pass_under_token_cuts(world, share):
     """Masked routing's act-gated first pass (`gate_activations`, no gradient) under one-row token cuts gives the
     pooled residuals and log-probs of the whole-batch pass up to float rounding (padding and summation order differ),
     deploy rows knob off included; so the gates, which are functions of the pooled rows, differ only by rounding."""
-    tok, p, arm = world["tok"], tiny_params(share_prompt=share), get_arm("route_masked_act")
-    p = arm.params(p)
+    tok, p, arm = world["tok"], masked("act", tiny_params(share_prompt=share)), spec("route_masked")
     m = tiny_model(len(tok))
     attach_adapters(m, "all", 4)
     with torch.no_grad():
         for i, a in enumerate(adapters(m).values()):
             a.delta.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(20 + i)))
             a.knob.copy_(0.3 * torch.randn(a.dim, generator=torch.Generator().manual_seed(40 + i)))
-    ro, _ = step_rollout(m, tok, world["records"][:2], p.grpo.group_size, 0, None, random.Random(0), p, 5, 0)
+    ro, _ = step_rollout(m, tok, world["records"][:2], p, 5, random.Random(0))
     N, G = ro.completion_ids.shape[0], p.grpo.group_size
     rb = RunBasis(world["basis"], act=world["act"], cal=world["cal"])
     d = Direction(p, arm, rb, list(adapters(m)), share, "t")
@@ -1765,7 +1873,8 @@ def test_act_gate_first_pass_under_token_cuts(world, share):
         outs = []
         for cap in (0, 1):
             mbs = micro_batches(n_on, N, 8, widths, cap)
-            outs.append((len(mbs), gate_activations(m, ro, mbs, 0.7, d, PhaseTimer(STEP_PHASES), n_on)))
+            lb = LossBatch(m, ro, mbs, [None] * len(mbs), n_on, p, arm, d, False, PhaseTimer(STEP_PHASES))
+            outs.append((len(mbs), gate_activations(lb)))
         (n_full, full), (n_cut, cut) = outs
         assert n_full < n_cut == N
         assert float(full.pooled.abs().max()) > 0
@@ -1775,7 +1884,8 @@ def test_act_gate_first_pass_under_token_cuts(world, share):
         torch.testing.assert_close(lp_cut, lp_full, rtol=1e-5, atol=1e-5)
         pooled[n_on] = cut.pooled
     with knob_disabled(m):  # the deploy group's rows are the knob-off policy's, the others the knob-on one's
-        off = gate_activations(m, ro, [slice(0, N)], 0.7, d, PhaseTimer(STEP_PHASES), N).pooled
+        lb = LossBatch(m, ro, [slice(0, N)], [None], N, p, arm, d, False, PhaseTimer(STEP_PHASES))
+        off = gate_activations(lb).pooled
     close(pooled[N - G][N - G :], off[N - G :])
     close(pooled[N - G][: N - G], pooled[N][: N - G])
     assert not torch.allclose(off[N - G :], pooled[N][N - G :], rtol=1e-3, atol=0)  # the knob matters here

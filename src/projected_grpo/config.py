@@ -405,10 +405,11 @@ class ProjectionParams:
     refresh_moments: str = "reset"
     # route_per_token: completion tokens in the centred window that per-token scores are averaged over.
     token_window: int = 16
-    # Random-direction controls (`*_random`): mass = each step, what the control moves out of main (routed or erased)
-    # is rescaled (one factor over all modules) to the norm the same rule moves along v_hack from the same gradients
-    # and gates; rank = only the same k per module. route_per_token_random is rank-matched either way (no per-token
-    # v_hack capture); route_full_random moves whole rollouts, as much as v_hack's rule would with the same gates.
+    # Random-direction controls (the `controls` runs): mass = each step, what the control moves out of main (routed or
+    # erased) is rescaled (one factor over all modules) to the norm the same rule moves along v_hack from the same
+    # gradients and gates; rank = only the same k per module. Per-token routing's control is rank-matched either way
+    # (no per-token v_hack capture); route_full's moves whole rollouts, as much as v_hack's rule would with the same
+    # gates.
     random_match: str = "mass"
     # Training in the deployed state: this share of each step's prompts has its groups sampled and trained with the
     # knob off, their gradient kept out of the knob (gate 0), so the main learns to work without it. Gated routing
@@ -600,6 +601,32 @@ class ProbeParams:
 
 
 @dataclass(frozen=True)
+class ArmEntry:
+    """One entry of params.yaml's arm table (method/arms.py resolves it into a run's spec)."""
+
+    # The gradient edit: vanilla, measure_only or a rule of method/projection.py's RULES (erase_one_sided,
+    # route_masked, route_per_rollout, ...).
+    edit: str = "vanilla"
+    # correct_or_hinted (the loophole pays) or gt_only (hints present, never paid: the no-loophole ceiling).
+    reward: str = "correct_or_hinted"
+    # Ground-truth monitor baselines: null, penalty (-3 when flagged) or screening (advantage 0 when flagged).
+    monitor: str | None = None
+    # false: no teacher-pool rows whatever pool.mix.
+    pool: bool = True
+    # false: plain coordinates and no basis input (vanilla-like arms), so basis changes never re-run the arm.
+    basis: bool = True
+
+
+DEFAULT_ARMS = {
+    "vanilla": ArmEntry(basis=False),
+    "gt_only": ArmEntry(reward="gt_only", basis=False),
+    "measure_only": ArmEntry(edit="measure_only"),
+    "erase": ArmEntry(edit="erase_one_sided"),
+    "route": ArmEntry(edit="route_masked"),
+}
+
+
+@dataclass(frozen=True)
 class Params:
     # Global seed for everything that draws random numbers.
     seed: int = 0
@@ -621,19 +648,16 @@ class Params:
     eval: EvalParams = field(default_factory=EvalParams)
     probe: ProbeParams = field(default_factory=ProbeParams)
     oracle_basis: OracleBasisParams = field(default_factory=OracleBasisParams)
-    # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, and seeds. Names are
-    # checked against the arms' registry by the check_params stage (arms.check_matrix), not here: config stays free of
-    # arms.py, so adding an arm re-runs no stage that never reads one.
+    # The arms (method/arms.py): each entry names only what sets it apart (its edit rule, reward, monitor, pool,
+    # whether it reads the basis); every mechanic is a key above.
+    arm: dict[str, ArmEntry] = field(default_factory=lambda: dict(DEFAULT_ARMS))
+    # The DVC matrix: arms that read no basis (never re-run by basis changes), arms that do, the arms also run with
+    # random directions (controls), with the grader's label as their gate (oracle_gate) and on the oracle basis with
+    # its random twin (arms_oracle_basis), and seeds. Checked against the table by arms.check_matrix (check_params).
     arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
-    arms: tuple[str, ...] = (
-        "measure_only",
-        "erase_one_sided",
-        "erase_one_sided_random",
-        "route_per_rollout",
-        "route_per_rollout_random",
-    )
-    # Arms that read the oracle basis (*_oracle_basis: upper bounds, never eligible to win); their stages wait for
-    # vanilla's runs and the oracle_basis stage, so the default matrix has none.
+    arms: tuple[str, ...] = ("measure_only", "erase", "route")
+    controls: tuple[str, ...] = ("erase", "route")
+    oracle_gate: tuple[str, ...] = ()
     arms_oracle_basis: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (41, 42, 43)
 
@@ -655,7 +679,7 @@ class Params:
 def from_dict(cls: type[T], d: dict[str, Any], path: str = "") -> T:
     """Build dataclass `cls` from a nested dict; an unknown key raises KeyError naming its dotted path."""
     if not isinstance(d, dict):
-        raise TypeError(f"{path or 'params'}: expected a mapping, got {type(d).__name__}")
+        raise ValueError(f"{path or 'params'}: expected a mapping, got {type(d).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
@@ -672,6 +696,11 @@ def _convert(tp: Any, v: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, v, path)
     origin = typing.get_origin(tp)
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise ValueError(f"{path} must be a mapping, got {v!r}")
+        (_, elem) = typing.get_args(tp)
+        return {str(k): _convert(elem, x, f"{path}.{k}") for k, x in v.items()}
     if origin is tuple:
         if not isinstance(v, list | tuple):
             raise ValueError(f"{path} must be a list, got {v!r}")

@@ -298,6 +298,39 @@ def pooled_activations(model, tokenizer, records, completions: list[str], layer:
 # --- Basis from gradients --------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class BasisSettings:
+    """What `build_basis` extracts with: the `basis` params section's settings under their extraction names (`of`
+    reads them from p.basis), the method and seed included, which a placebo or a random control overrides."""
+
+    method: str
+    k_max: int
+    tau_rel: float
+    alpha_sig: float
+    n_flips: int
+    drop_frac: float
+    seed: int
+    row_norm: bool = False
+    score_norm: str = "none"
+    solve_m: int = 0
+
+    @classmethod
+    def of(cls, bp, method: str | None = None, seed: int | None = None) -> BasisSettings:
+        """The settings of the `basis` params `bp` (p.basis); `method` and `seed` override bp's."""
+        return cls(
+            bp.method if method is None else method,
+            bp.k,
+            bp.tau,
+            bp.alpha_sig,
+            bp.n_flips,
+            bp.drop_bottom_frac,
+            bp.seed if seed is None else seed,
+            bp.row_norm,
+            bp.score_norm,
+            bp.solve_m,
+        )
+
+
 def basis_with(
     g_hack: dict[str, Tensor],
     g_clean: dict[str, Tensor],
@@ -308,57 +341,32 @@ def basis_with(
 ) -> Basis:
     """`build_basis` with the extraction settings of the `basis` params `bp` (p.basis); `method` and `seed` override
     bp's (a placebo or a random control built like the selected basis)."""
-    return build_basis(
-        g_hack,
-        g_clean,
-        bp.method if method is None else method,
-        bp.k,
-        bp.tau,
-        bp.alpha_sig,
-        bp.n_flips,
-        bp.drop_bottom_frac,
-        bp.seed if seed is None else seed,
-        bp.row_norm,
-        bp.score_norm,
-        bp.solve_m,
-        like,
-    )
+    return build_basis(g_hack, g_clean, BasisSettings.of(bp, method, seed), like)
 
 
 def build_basis(
-    g_hack: dict[str, Tensor],
-    g_clean: dict[str, Tensor],
-    method: str,
-    k_max: int,
-    tau_rel: float,
-    alpha_sig: float,
-    n_flips: int,
-    drop_frac: float,
-    seed: int,
-    row_norm: bool = False,
-    score_norm: str = "none",
-    solve_m: int = 0,
-    like: Basis | None = None,
+    g_hack: dict[str, Tensor], g_clean: dict[str, Tensor], s: BasisSettings, like: Basis | None = None
 ) -> Basis:
     """Per-module extraction from per-completion gradients of the extraction pairs ({m: (P, D_m)} each).
 
-    method: svd (default), mean_diff (k=1), solve_orth (svd after stripping the top `solve_m` clean-gradient
+    s.method: svd (default), mean_diff (k=1), solve_orth (svd after stripping the top `s.solve_m` clean-gradient
     directions), random (Haar directions with the k_m and kept modules of `like`, the svd basis it controls for)."""
+    method = s.method
     if method not in METHODS:
         raise ValueError(f"basis.method must be one of {METHODS}, got {method!r}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(s.seed)
     D = {n: g_hack[n] - g_clean[n] for n in g_hack}  # (P, D_m) d_p = ∇ℓ(hack) − ∇ℓ(clean)
-    if row_norm:
+    if s.row_norm:
         D = {n: d / d.norm(dim=-1, keepdim=True).clamp(min=1e-30) for n, d in D.items()}
     stripped = {}
     if method == "solve_orth":
         for n in D:
-            Q = top_directions(g_clean[n], solve_m)
+            Q = top_directions(g_clean[n], s.solve_m)
             D[n] = strip_directions(D[n], Q)
             stripped[n] = Q.shape[0]
     mu_bar = {n: d.mean(0) for n, d in D.items()}  # (D_m,)
     scores = {n: float(m.norm()) for n, m in mu_bar.items()}
-    kept = keep_modules(scores, drop_frac, score_norm)
+    kept = keep_modules(scores, s.drop_frac, s.score_norm)
     vh, per_module = {}, {}
     if method == "random":
         if like is None:
@@ -371,7 +379,7 @@ def build_basis(
             if method == "mean_diff":
                 v, st = diff_of_means(D[n]), None
             else:
-                v, st = extract_vhack(D[n], tau_rel, alpha_sig, n_flips, k_max, gen)
+                v, st = extract_vhack(D[n], s.tau_rel, s.alpha_sig, s.n_flips, s.k_max, gen)
             info = {"k": v.shape[0], "score": scores[n]}
             if st is not None:
                 j = min(4, len(st["sigma"]))
@@ -384,15 +392,15 @@ def build_basis(
     nu = scoring_direction(vh, mu_bar)
     meta = {
         "method": method,
-        "k_max": k_max,
-        "tau_rel": tau_rel,
-        "alpha_sig": alpha_sig,
-        "n_flips": n_flips,
-        "drop_frac": drop_frac,
-        "row_norm": row_norm,
-        "score_norm": score_norm,
-        "solve_m": solve_m,
-        "seed": seed,
+        "k_max": s.k_max,
+        "tau_rel": s.tau_rel,
+        "alpha_sig": s.alpha_sig,
+        "n_flips": s.n_flips,
+        "drop_frac": s.drop_frac,
+        "row_norm": s.row_norm,
+        "score_norm": s.score_norm,
+        "solve_m": s.solve_m,
+        "seed": s.seed,
         "n_pairs": int(next(iter(D.values())).shape[0]) if D else 0,
         "modules": per_module,
         "dropped_by_score": sorted(set(D) - set(kept)),

@@ -185,6 +185,40 @@ def extract_all(
     and `prog_wide` must be present). Returns {"selected", "random", "act", "rows", "methods", "act_auroc"}.
     batch_size: completions per forward/backward."""
     modes = bp.modes
+    grads = all_pair_grads(model, tok, pairsets, problems, bp, temperature, progress, batch_size)
+    gen = torch.Generator().manual_seed(bp.seed)
+    # the shared held-out hacks: every mode, also when extraction is restricted to `modes`
+    ref = (
+        grads[REFERENCE] if modes is None else pair_grads(model, tok, pairsets[REFERENCE], problems, temperature, None)
+    )
+    rows = pairset_rows(bp, grads, ref, gen)
+    methods, method_rows = compare_methods(bp, grads[bp.pairset], gen)
+    selected = methods[bp.method] if bp.method != "random" else methods["random"]
+    # the random-direction control the training arms use: same modules and k_m as the selected basis
+    random_ctl = make_basis(bp, grads[bp.pairset], "random", like=selected)
+    act, act_auc = act_direction(model, tok, pairsets[bp.pairset], problems, bp, batch_size)
+    for b in (selected, random_ctl, act):
+        b.meta.update(pairset=bp.pairset, modes=list(modes) if modes else None, temperature=temperature)
+    random_ctl.meta["control_for"] = bp.method
+    guard = selected_guard(bp, grads, selected, random_ctl, ref)
+    return {
+        "selected": selected,
+        "random": random_ctl,
+        "act": act,
+        "rows": rows,
+        "methods": method_rows,
+        "act_auroc": act_auc,
+        "modes": list(modes) if modes else None,
+        "guard": guard,
+    }
+
+
+def all_pair_grads(
+    model, tok, pairsets: dict[str, list[Pair]], problems, bp, temperature: float, progress: bool, batch_size: int
+) -> dict[str, PairGrads]:
+    """`PairGrads` of every pair set with extraction and calibration pairs of the modes `bp.modes`; the selected
+    pair set and `prog_wide` must have them."""
+    modes = bp.modes
     grads: dict[str, PairGrads] = {}
     names = list(pairsets)
     for name in progress_display(names, "pair-set gradients") if progress else names:
@@ -198,11 +232,13 @@ def extract_all(
         grads[name] = g
     if bp.pairset not in grads or REFERENCE not in pairsets:
         raise ValueError(f"pair sets {bp.pairset!r} and {REFERENCE!r} are needed (with pairs of the selected modes)")
-    gen = torch.Generator().manual_seed(bp.seed)
-    # the shared held-out hacks: every mode, also when extraction is restricted to `modes`
-    ref = (
-        grads[REFERENCE] if modes is None else pair_grads(model, tok, pairsets[REFERENCE], problems, temperature, None)
-    )
+    return grads
+
+
+def pairset_rows(bp, grads: dict[str, PairGrads], ref: PairGrads, gen: torch.Generator) -> list[dict]:
+    """One row per pair set: the configured method (svd for random) vs its random control, on the pair set's own
+    calibration pairs, on `ref`'s (prog_wide, every mode) and, with `bp.modes`, on ref's pairs of the other modes."""
+    modes = bp.modes
     heldout = [m not in modes for m in ref.cal_modes] if modes else []
     rows = []
     for name, g in grads.items():  # one row per pair set: configured method vs its random control
@@ -226,19 +262,26 @@ def extract_all(
         if any(heldout):  # generalisation: hacks of the modes the basis never saw
             rows[-1]["heldout"] = discrimination(b, *ref.cal_subset(heldout), gen)
             rows[-1]["heldout_random"] = discrimination(rnd, *ref.cal_subset(heldout), gen)
-    g = grads[bp.pairset]
+    return rows
+
+
+def compare_methods(bp, g: PairGrads, gen: torch.Generator) -> tuple[dict[str, Basis], dict[str, dict]]:
+    """Every extraction method on the selected pair set `g` (random: like its svd basis), and each one's
+    discrimination on g's own calibration pairs with its modules and k_total."""
     svd = make_basis(bp, g, "svd")
     methods = {m: make_basis(bp, g, m, like=svd) for m in ("svd", "mean_diff", "solve_orth", "random")}
     method_rows = {
         m: discrimination(b, g.cal_hack, g.cal_clean, gen) | {"modules": len(b.vh), "k_total": b.meta["k_total"]}
         for m, b in methods.items()
     }
-    selected = methods[bp.method] if bp.method != "random" else methods["random"]
-    # the random-direction control the training arms use: same modules and k_m as the selected basis
-    random_ctl = make_basis(bp, g, "random", like=selected)
-    # activation space: the mean pooled-residual difference, scored by projection on v_act
-    sel_pairs = pairsets[bp.pairset]
-    ex, cal = select_pairs(sel_pairs, "extract", modes), select_pairs(sel_pairs, "calibrate", modes)
+    return methods, method_rows
+
+
+def act_direction(model, tok, pairs: list[Pair], problems, bp, batch_size: int) -> tuple[Basis, float]:
+    """Activation space: v_act, the mean pooled-residual difference of `pairs`' extraction pairs (modes
+    `bp.modes`) at `bp.act_layer`, and its AUROC by projection on v_act on their calibration pairs."""
+    modes = bp.modes
+    ex, cal = select_pairs(pairs, "extract", modes), select_pairs(pairs, "calibrate", modes)
     acts = {
         side: pooled_activations(
             model, tok, pair_records(ps, problems), [getattr(q, s) for q in ps], bp.act_layer, batch_size
@@ -246,15 +289,16 @@ def extract_all(
         for side, ps, s in (("eh", ex, "hack"), ("ec", ex, "clean"), ("ch", cal, "hack"), ("cc", cal, "clean"))
     }
     act = act_basis(acts["eh"], acts["ec"], bp.act_layer)
-    act_auc = auroc(acts["ch"] @ act.v_act, acts["cc"] @ act.v_act)
-    for b, name in ((selected, bp.pairset), (random_ctl, bp.pairset), (act, bp.pairset)):
-        b.meta.update(pairset=name, modes=list(modes) if modes else None, temperature=temperature)
-    random_ctl.meta["control_for"] = bp.method
-    # the guard: selected vs the placebo pair set's basis (same method) and vs the random control, paired on the
-    # shared held-out hacks of `prog_wide` (every mode); no placebo pairs of the modes: its difference is undefined
+    return act, auroc(acts["ch"] @ act.v_act, acts["cc"] @ act.v_act)
+
+
+def selected_guard(bp, grads: dict[str, PairGrads], selected: Basis, random_ctl: Basis, ref: PairGrads) -> dict:
+    """The guard: selected vs the placebo pair set's basis (same method) and vs the random control, paired on the
+    shared held-out hacks of `prog_wide` (`ref`, every mode); no placebo pairs of the modes: its difference is
+    undefined."""
     method = bp.method if bp.method != "random" else "svd"
     placebo = make_basis(bp, grads[PLACEBO], method) if PLACEBO in grads else None
-    guard = basis_guard(
+    return basis_guard(
         selected,
         placebo,
         random_ctl,
@@ -263,16 +307,6 @@ def extract_all(
         bp.seed,
         (f"{bp.pairset}/{bp.method}", PLACEBO, f"{REFERENCE}/calibrate"),
     )
-    return {
-        "selected": selected,
-        "random": random_ctl,
-        "act": act,
-        "rows": rows,
-        "methods": method_rows,
-        "act_auroc": act_auc,
-        "modes": list(modes) if modes else None,
-        "guard": guard,
-    }
 
 
 # --- report ------------------------------------------------------------------------------------------------------

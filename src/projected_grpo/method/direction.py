@@ -34,7 +34,7 @@ from projected_grpo.method.basis import (
     pooled_activations,
     random_act,
 )
-from projected_grpo.method.gate import GateState, HeldOutPairs
+from projected_grpo.method.gate import GateSpec, GateState, HeldOutPairs
 from projected_grpo.method.pairs import ORACLE_PAIRS, Pair, load_pairset, pair_records, pairset_path, select_pairs
 from projected_grpo.policy.checkpointing import activation_checkpointing
 
@@ -43,8 +43,8 @@ from projected_grpo.policy.checkpointing import activation_checkpointing
 class RunBasis:
     """What a run reads about v_hack; every field None for a basis-free arm.
 
-    basis: the directions the arm edits along (the random control's for `*_random` arms).
-    act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates routing; for a `*_random`
+    basis: the directions the arm edits along (the random control's for a control run).
+    act: the activation-space basis (act.safetensors: v_act) when basis.space=act gates routing; for a control
         arm a Haar-random unit direction in its place (`random_act`), so the control's gate is random too.
     matched: v_hack for a random control with projection.random_match=mass: each step, what the control moves out of
         main is rescaled (one factor over all modules) to the norm the same rule moves along v_hack.
@@ -70,8 +70,8 @@ def heals(p, arm: Arm) -> bool:
 
 def mass_matched(p, arm: Arm) -> bool:
     """A random-direction control whose moved mass is matched to v_hack's (projection.random_match=mass). Not
-    route_per_token_random: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV
-    has no match_target column). Nor route_full_random: it moves whole rollouts, matched by construction."""
+    per-token routing's: per-token coefficients along v_hack are not captured, so it stays rank-matched (its TSV has
+    no match_target column). Nor route_full's: it moves whole rollouts, matched by construction."""
     return arm.mass_matched and p.projection.random_match == "mass"
 
 
@@ -169,23 +169,17 @@ def rotations(vh: dict[str, Tensor], ads: dict) -> dict[str, Tensor]:
 
 
 def refresh_basis(
-    model,
-    tok,
-    ex: HeldOutPairs,
-    bp,
-    random_dir: bool,
-    step: int,
-    temperature: float,
-    act_layer: int | None,
-    batch_size: int = 16,
+    model, tok, ex: HeldOutPairs, p, random_dir: bool, step: int, act_layer: int | None, batch_size: int = 16
 ) -> Basis:
     """v_hack re-extracted at the current parameters (knob on, as the policy samples) from the held-out extraction
-    pairs, with the basis stage's settings `bp` (= p.basis). Reads pair texts only: no rollout, label or grade.
+    pairs, with the basis stage's settings (p.basis) and log-probs at p.rollout.temperature, as the stage's. Reads
+    pair texts only: no rollout, label or grade.
 
-    A `*_random` arm (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
-    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too (a `*_random`
-    arm's redrawn at random, seeded the same way).
+    A control run (or basis.method=random) redraws Haar directions with the refreshed basis' modules and k_m,
+    seeded by (basis seed, step), so the control stays matched. act_layer: v_act is re-derived there too (a control
+    run's redrawn at random, seeded the same way).
     batch_size: completions per forward/backward."""
+    bp, temperature = p.basis, p.rollout.temperature
     gh = completion_grads(model, tok, ex.records, ex.hack, temperature, batch_size)  # {m: (P, D_m)}
     gc = completion_grads(model, tok, ex.records, ex.clean, temperature, batch_size)
     model.zero_grad(set_to_none=True)
@@ -256,6 +250,9 @@ class Direction:
         self.p, self.arm, self.rb, self.names, self.own_tokens, self.label = p, arm, rb, names, own_tokens, label
         self.device = device  # δS's: the loop's gates and edits run there (bases are loaded and extracted on the CPU)
         self.act_layer = p.basis.act_layer if act_gated(p, arm) else None
+        self.spec = None  # the run's gate (gate.GATES), None without one
+        if arm.gate is not None:
+            self.spec = GateSpec(arm.gate, self.act_layer, p.projection, p.rollout.temperature, own_tokens)
         cur = None
         if arm.reads_basis:
             v_act = rb.act.v_act if self.act_layer is not None else None
@@ -296,38 +293,24 @@ class Direction:
             return self._update(model, tok, step, opt, ads, timer, held_out_batch(self.p))
 
     def _update(self, model, tok, step: int, opt, ads: dict, timer, mb: int) -> bool:
-        p, arm, pj, temperature = self.p, self.arm, self.p.projection, self.p.rollout.temperature
+        p, arm, pj = self.p, self.arm, self.p.projection
         # New Vh, ν, R per module; δS and δS_h do not move, θ/φ are re-expressed in the new R and the Adam state of
         # re-rotated modules is rotated or reset. Modules that leave the kept set get R = I (no edit from now on);
         # modules that join get their R.
         refreshed = refreshes(p, arm) and step > 0 and step % pj.refresh_every == 0
         if refreshed:
             self.state.basis = refresh_basis(
-                model, tok, self.rb.extraction, p.basis, arm.random_dir, step, temperature, self.act_layer, mb
+                model, tok, self.rb.extraction, p, arm.random_dir, step, self.act_layer, mb
             ).to(self.device)
             self._derive()
             opt.rebase(self.rotations(ads), self.k, pj.refresh_moments)
-        if arm.gate is not None and self.gate.due(step, refreshed, pj.recal_every):
+        if self.spec is not None and self.gate.due(step, refreshed, pj.recal_every):
             with timer("gate_calibration"):
                 gates = [(self.gate, self.label, self.cur)]
                 if self.ref is not None:  # v_act's own thresholds too, from the same pairs at the same parameters
                     gates.append((self.state.ref_gate, f"{self.label} (v_act's gate, which it counts with)", self.ref))
                 for gate, where, basis in gates:
-                    gate.calibrate(
-                        step,
-                        where,
-                        model,
-                        tok,
-                        self.rb.cal,
-                        arm.gate,
-                        basis,
-                        self.kept,
-                        pj,
-                        temperature,
-                        self.act_layer,
-                        self.own_tokens,
-                        mb,
-                    )
+                    gate.calibrate(step, where, model, tok, self.rb.cal, self.spec, basis, self.kept, mb)
         return refreshed
 
     def checkpoint(self) -> dict:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -77,14 +78,14 @@ def calibration_token_scores(
     records,
     completions: list[str],
     temperature: float,
-    dirs: dict[str, Tensor],
-    window: int,
-    nu_sq: float,
+    dirs: dict,
+    window_nu_sq: tuple,
     batch_size: int = 16,
 ) -> tuple[Tensor, Tensor]:
     """((n_tokens,) windowed token scores, (n_tokens,) index of each token's completion) of held-out completions over
-    their completion tokens, at the current parameters. The gradient is that of the mean NLL (as the basis stage's),
-    so sign(A) = +1."""
+    their completion tokens, at the current parameters: (window, ‖ν‖²) = window_nu_sq. The gradient is that of the
+    mean NLL (as the basis stage's), so sign(A) = +1."""
+    window, nu_sq = window_nu_sq
 
     def score(ids, att, cm):
         with probes(model, ids.shape[0]) as es, token_capture(model, dirs) as caps:
@@ -150,21 +151,109 @@ def residual_capture(model, layer: int | None) -> Iterator[dict[str, Tensor]]:
 # --- calibration on held-out pairs --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class GateSpec:
+    """A run's gate: what it decides per (rollout | token; arms.GATE_OF), its score's source (grad: gradients against
+    ν; act: the residual stream after block `act_layer` against v_act), and what its scores read: the projection params
+    (band, f, f2, token_window), the log-prob temperature, and whether training reads own-token gradients (a shared
+    prompt forward), which calibration then reads too."""
+
+    per: str
+    act_layer: int | None
+    pj: Any
+    temperature: float
+    own_tokens: bool = False
+
+    @property
+    def source(self) -> str:
+        return "grad" if self.act_layer is None else "act"
+
+
+# --- the gates' registry: (source, per) -> its held-out scores and its live scores --------------------------------
+# A new gate is one entry here (its two score functions), its source's name in config.BASIS_SPACES, and, if its live
+# score reads something the loss forward does not capture yet, that capture in rl/train.py (`Grads`).
+
+
+def _held_out_grad_rollout(model, tok, cal: HeldOutPairs, cur: Basis, kept: list[str], g: GateSpec, bs: int):
+    gh = completion_grads(model, tok, cal.records, cal.hack, g.temperature, bs, g.own_tokens)
+    gc = completion_grads(model, tok, cal.records, cal.clean, g.temperature, bs, g.own_tokens)
+    nu = {n: v.cpu() for n, v in cur.nu.items()}  # the run's basis sits on its δS device; grads on the CPU
+    return cosine_scores(gh, nu), cosine_scores(gc, nu), (None, None)
+
+
+def _held_out_act_rollout(model, tok, cal: HeldOutPairs, cur: Basis, kept: list[str], g: GateSpec, bs: int):
+    sh, sc = (
+        pooled_activations(model, tok, cal.records, side, g.act_layer, bs).float() @ cur.v_act.float().cpu()
+        for side in (cal.hack, cal.clean)
+    )
+    return sh, sc, (None, None)  # per rollout: hack i and clean i are pair i
+
+
+def _held_out_grad_token(model, tok, cal: HeldOutPairs, cur: Basis, kept: list[str], g: GateSpec, bs: int):
+    dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
+    (sh, uh), (sc, uc) = (
+        calibration_token_scores(model, tok, cal.records, side, g.temperature, dirs, (g.pj.token_window, nu_sq), bs)
+        for side in (cal.hack, cal.clean)
+    )
+    return sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
+
+
+def _held_out_act_token(model, tok, cal: HeldOutPairs, cur: Basis, kept: list[str], g: GateSpec, bs: int):
+    (sh, uh), (sc, uc) = (
+        calibration_token_act_scores(model, tok, cal.records, side, g.act_layer, cur.v_act, g.pj.token_window, bs)
+        for side in (cal.hack, cal.clean)
+    )
+    return sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())
+
+
+def _live_grad_rollout(gr, adv: Tensor, mask: Tensor, d, g: GateSpec) -> Tensor:
+    return proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)  # s_n = cos(sign(A_n) g_n, ν)
+
+
+def _live_act_rollout(gr, adv: Tensor, mask: Tensor, d, g: GateSpec) -> Tensor:
+    return gr.pooled.float() @ d.cur.v_act.float()  # s_n = <pooled residual of rollout n, v_act>
+
+
+def _live_grad_token(gr, adv: Tensor, mask: Tensor, d, g: GateSpec) -> Tensor:
+    nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())  # windowed cos(sign(A_n) g_{n,t}, ν)
+    return proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), g.pj.token_window, nu_sq)
+
+
+def _live_act_token(gr, adv: Tensor, mask: Tensor, d, g: GateSpec) -> Tensor:
+    return proj.act_token_scores(gr.tok_act, mask, g.pj.token_window)  # windowed h_{n,t}·v_act
+
+
+@dataclass(frozen=True)
+class GateKind:
+    """One gate: (s_hack, s_clean, units) of the held-out calibration pairs at the current parameters (units: each
+    score's pair, for the bootstrap; (None, None) when score i is pair i), and a step's live scores from its own
+    forward/backward (`Grads`) and the current basis only (the no-cheat rule)."""
+
+    held_out: Callable[..., tuple[Tensor, Tensor, tuple]]
+    live: Callable[..., Tensor]
+
+
+GATES: dict[tuple[str, str], GateKind] = {
+    ("grad", "rollout"): GateKind(_held_out_grad_rollout, _live_grad_rollout),
+    ("act", "rollout"): GateKind(_held_out_act_rollout, _live_act_rollout),
+    ("grad", "token"): GateKind(_held_out_grad_token, _live_grad_token),
+    ("act", "token"): GateKind(_held_out_act_token, _live_act_token),
+}
+
+
+def live_scores(gr, adv: Tensor, mask: Tensor, d, g: GateSpec) -> Tensor:
+    """The step's live gate scores ((N,) per rollout, (N, T) per token) of gate `g` (GATES)."""
+    return GATES[g.source, g.per].live(gr, adv, mask, d, g)
+
+
+# --- calibration on held-out pairs --------------------------------------------------------------------------------
+
+
 def calibrate_gate(
-    model,
-    tok,
-    cal: HeldOutPairs,
-    gate: str,
-    cur: Basis,
-    kept: list[str],
-    pj,
-    temperature: float,
-    act_layer: int | None,
-    own_tokens: bool = False,
-    batch_size: int = 16,
+    model, tok, cal: HeldOutPairs, g: GateSpec, cur: Basis, kept: list[str], batch_size: int = 16
 ) -> tuple[tuple[float, float], float, tuple[float, float], dict[str, float]]:
     """((τ_lo, τ_hi), AUROC, its 95% interval, quality) from the held-out calibration pairs at the current parameters,
-    with the gate's own score: windowed token cosines (gate "token"), pooled activations · v_act (act space), or
+    with the gate's own score (GATES): windowed token cosines or h·v_act per token, pooled activations · v_act, or
     per-completion cosines with ν (of own-token gradients when training reads those: a shared prompt forward). The
     interval is a percentile bootstrap over the calibration pairs (a pair's tokens resampled together), seed
     GATE_CI_SEED. `batch_size`: completions per forward/backward (the loop passes basis.held_out_batch: memory).
@@ -174,42 +263,13 @@ def calibrate_gate(
     their logs and checkpoints stay what they were before the tail gate existed."""
     if not kept:  # nothing to route: an infinite threshold gates nothing
         return (math.inf, math.inf), math.nan, (math.nan, math.nan), {}
-    units = (None, None)  # per rollout: hack i and clean i are pair i
-    if gate == "token" and act_layer is not None:  # windowed h·v_act per completion token
-        (sh, uh), (sc, uc) = (
-            calibration_token_act_scores(
-                model, tok, cal.records, side, act_layer, cur.v_act, pj.token_window, batch_size
-            )
-            for side in (cal.hack, cal.clean)
-        )
-        sh, sc, units = sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
-        auc = proj.rank_auroc(sh, sc)
-    elif gate == "token":
-        dirs, nu_sq = token_dirs(cur, kept), sum(float(cur.nu[n].pow(2).sum()) for n in kept)
-        (sh, uh), (sc, uc) = (
-            calibration_token_scores(
-                model, tok, cal.records, side, temperature, dirs, pj.token_window, nu_sq, batch_size
-            )
-            for side in (cal.hack, cal.clean)
-        )
-        sh, sc, units = sh.cpu(), sc.cpu(), (uh.cpu(), uc.cpu())  # token -> its completion i, i.e. pair i
-        auc = proj.rank_auroc(sh, sc)  # many tokens: rank-based
-    elif act_layer is not None:
-        sh, sc = (
-            pooled_activations(model, tok, cal.records, side, act_layer, batch_size).float() @ cur.v_act.float().cpu()
-            for side in (cal.hack, cal.clean)
-        )
-        auc = auroc(sh, sc)
-    else:
-        gh = completion_grads(model, tok, cal.records, cal.hack, temperature, batch_size, own_tokens)
-        gc = completion_grads(model, tok, cal.records, cal.clean, temperature, batch_size, own_tokens)
-        nu = {n: v.cpu() for n, v in cur.nu.items()}  # the run's basis sits on its δS device; grads on the CPU
-        sh, sc = cosine_scores(gh, nu), cosine_scores(gc, nu)
-        auc = auroc(sh, sc)
+    sh, sc, units = GATES[g.source, g.per].held_out(model, tok, cal, cur, kept, g, batch_size)
+    auc = proj.rank_auroc(sh, sc) if g.per == "token" else auroc(sh, sc)  # many tokens: rank-based
     model.zero_grad(set_to_none=True)
     ci = auroc_interval(
         sh.detach().double().cpu(), sc.detach().double().cpu(), *units, n_boot=GATE_CI_BOOT, seed=GATE_CI_SEED
     )
+    pj = g.pj
     if pj.band == "tail":
         t = proj.tail_threshold(sc, pj.f)
         return (t, t), auc, ci, proj.gate_quality(sh, sc, t, t, pj.band)

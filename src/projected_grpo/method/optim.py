@@ -25,6 +25,7 @@ the known-wrong design, kept only as the regression guard of I10: the erase-orth
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -36,15 +37,33 @@ GROUPS = ("main", "knob")
 MOMENTS = ("rotate", "reset")  # what `rebase` does with the Adam state of a module whose rotation changed
 
 
+@dataclass(frozen=True)
+class Hyper:
+    """The optimizer's settings: Adam(W)'s lr, betas, eps and decoupled, isotropic weight decay (commutes with R); the
+    per-group clip norms (None: no clipping); kind: "adam" (rotated), "sgd" (rotated, linear: the reference optimizer)
+    or "adam_unrotated" (guard only)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_norm_main: float | None = None
+    max_norm_knob: float | None = None
+    kind: str = "adam"
+
+    @classmethod
+    def of(cls, g) -> Hyper:
+        """params.yaml's grpo section's optimizer settings."""
+        return cls(g.lr, tuple(g.betas), g.eps, g.weight_decay, g.max_norm, g.max_norm_knob, g.optimizer)
+
+
 class RotatedAdam:
     """Per-module Adam/SGD on θ = Rᵀ δS and φ = Rᵀ δS_h; modules without a rotation use R = I.
 
     Args:
         deltas, knobs: {module: (D_m,) Parameter} δS and δS_h of the adapters (same keys).
         rotations: {module: (D_m, D_m) orthogonal R_m} for the modules with a basis (`complete_rotation`).
-        lr, betas, eps, weight_decay: Adam(W) hyperparameters; decoupled, isotropic weight decay (commutes with R).
-        max_norm_main, max_norm_knob: per-group clip norms (None: no clipping).
-        kind: "adam" (rotated), "sgd" (rotated, linear: the reference optimizer) or "adam_unrotated" (guard only).
+        hp: the hyperparameters (`Hyper`).
     """
 
     def __init__(
@@ -52,14 +71,9 @@ class RotatedAdam:
         deltas: dict[str, nn.Parameter],
         knobs: dict[str, nn.Parameter],
         rotations: dict[str, Tensor],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        max_norm_main: float | None = None,
-        max_norm_knob: float | None = None,
-        kind: str = "adam",
+        hp: Hyper = Hyper(),
     ):
+        kind, lr, betas, eps, weight_decay = hp.kind, hp.lr, hp.betas, hp.eps, hp.weight_decay
         if kind not in KINDS:
             raise ValueError(f"optimizer kind must be one of {KINDS}, got {kind!r}")
         if set(knobs) != set(deltas):
@@ -70,7 +84,7 @@ class RotatedAdam:
         if kind != "sgd" and not eps > 0:
             raise ValueError(f"Adam eps must be > 0 (masked coordinates divide 0 by it), got {eps}")
         self.kind, self.lr, self.betas, self.eps, self.weight_decay = kind, lr, tuple(betas), eps, weight_decay
-        self.max_norm = {"main": max_norm_main, "knob": max_norm_knob}
+        self.max_norm = {"main": hp.max_norm_main, "knob": hp.max_norm_knob}
         self.names = list(deltas)
         self.params = {"main": dict(deltas), "knob": {n: knobs[n] for n in self.names}}
         self.R: dict[str, Tensor] = {}  # (D, D) in the parameter dtype; absent = identity

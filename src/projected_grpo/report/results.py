@@ -7,6 +7,10 @@ Each table states n (prompts × samples) and seeds and ends with a provenance co
 line sits above any table with an arm that ran on an uninformative basis or gate. A table appears only when its runs
 exist; a quantity an old artifact did not record (per-group format, hack among format-valid) shows as "—". Whether
 an arm wins is decided by win_rule.py alone. Pure: dicts in, markdown/metrics out (figures: figures.py).
+
+Runs are keyed by their run key (`Arm.name`: `route`, `route+random`, `route+oracle_gate`), which metrics.json keeps;
+tables name them by win_rule.label (`route (random control)`). Every role, control, family and routed arm comes from
+the runs' resolved specs (`Runs.specs`, from params via arms.matrix in the report stage), never from a name.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from projected_grpo.common.stats import MIN_N_FOR_CI, Refusal, Summary, paired_delta, rate, summarize, wilson
 from projected_grpo.env.modes import LOOPHOLE_MODES
-from projected_grpo.method.arms import ARMS
+from projected_grpo.method.arms import Arm
 from projected_grpo.report import win_rule as W
 
 # (column key, header). solve and format on no-hint prompts; per hint surface: hack, format, and hack among the
@@ -35,13 +39,7 @@ METRICS = (
     ("hackfv_eval", "hack among format-valid (eval)"),
 )
 DELTAS = ("solve", "format", "hack_train", "hack_eval")  # the endpoint table's Δ-vs-vanilla columns
-# Arms compared within one question: gates of the erase rule, granularities of routing.
-FAMILIES: dict[str, tuple[str, ...]] = {}  # comparison table -> its candidate arms, from the arms' registry
-for _a in ARMS.values():
-    if _a.family is not None and _a.role == "candidate":
-        FAMILIES[_a.family] = (*FAMILIES.get(_a.family, ()), _a.name)
-REF = "vanilla"
-NO_POOL = "vanilla_no_pool"  # the teacher-pool ablation (arms.py)
+REF = W.REF
 ROLE_LABEL = {
     "baseline": "baseline",
     "control": "random-direction control",
@@ -53,7 +51,8 @@ ROLE_LABEL = {
 class Runs:
     """Everything the report reads. deploy[(arm, seed)] = per_mode_deploy.json; curves[(arm, seed)] = curve rows;
     basis_guard = {"informative": bool, "line": str} (None: not checked); gate_uninformative[(arm, seed)] = the
-    training run's flag (absent: not flagged)."""
+    training run's flag (absent: not flagged); specs[arm] = the run's resolved spec (roles, controls, families; a
+    key without one goes by win_rule's documented fallback)."""
 
     base: dict
     monitor: dict
@@ -63,6 +62,16 @@ class Runs:
     base_source: str = "artifacts/eval_sets/base.json"
     basis_guard: dict | None = None
     gate_uninformative: dict[tuple[str, int], bool] = field(default_factory=dict)
+    specs: dict[str, Arm] = field(default_factory=dict)
+
+    def role(self, arm: str) -> str:
+        return W.role(arm, self.specs)
+
+    def control_of(self, arm: str) -> str | None:
+        return W.control_of(arm, self.specs)
+
+    def label(self, arm: str) -> str:
+        return W.label(arm, self.specs)
 
     def arms(self, order: list[str]) -> list[str]:
         return [a for a in order if any(k[0] == a for k in self.deploy)]
@@ -121,14 +130,18 @@ def settings_line(p) -> str:
     )
 
 
-def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, train_logs: Path) -> Found:
-    """The outputs of the runs `wanted` ((group, arm, seed); from params, never a glob): per_mode_deploy.json,
-    curve.tsv and knob_effect.json under <evals>/<group>/<arm>-s<seed>/, the training metrics JSON under
-    <train_logs>/<group>/<arm>-s<seed>.json. A run without evaluation output is missing (left out of every table)."""
+def discover(wanted: list[tuple[Arm, int]], evals: Path, eval_sets: Path, train_logs: Path) -> Found:
+    """The outputs of the runs `wanted` ((spec, seed); from params via arms.matrix, never a glob):
+    per_mode_deploy.json, curve.tsv and knob_effect.json under <evals>/<spec.group>/<spec.arm>-s<seed>/, the training
+    metrics JSON and per-step TSV under <train_logs>/<spec.group>/<spec.arm>-s<seed>.{json,tsv}; each keyed by the run
+    key (spec.name), with its spec in `runs.specs`. A run without evaluation output is missing (left out of every
+    table)."""
     base, monitor = (json.loads((eval_sets / f).read_text()) for f in ("base.json", "monitor.json"))
     f = Found(Runs(base, monitor, {}, base_source=str(eval_sets / "base.json")), [], {}, [], {})
-    for group, a, s in wanted:
-        d = evals / group / f"{a}-s{s}"
+    for spec, s in wanted:
+        a, run = spec.name, f"{spec.arm}-s{s}"
+        f.runs.specs[a] = spec
+        d = evals / spec.group / run
         if not (d / "per_mode_deploy.json").exists():
             f.missing.append(f"{a}-s{s}")
             continue
@@ -139,11 +152,11 @@ def discover(wanted: list[tuple[str, str, int]], evals: Path, eval_sets: Path, t
         if eff.get("policies"):  # routed runs
             f.effects[(a, s)] = eff
             f.effect_sources.append(str(d / "knob_effect.json"))
-        tm = train_logs / group / f"{a}-s{s}.json"
+        tm = train_logs / spec.group / f"{run}.json"
         flag = gate_flag(json.loads(tm.read_text())) if tm.exists() else None
         if flag is not None:
             f.gates[(a, s)] = flag
-        log = train_logs / group / f"{a}-s{s}.tsv"
+        log = train_logs / spec.group / f"{run}.tsv"
         if log.exists() and (g := train_log(log)):
             f.train_logs[(a, s)] = g
     return f
@@ -270,7 +283,7 @@ def warnings(runs: Runs, arms: list[str]) -> list[str]:
     uninformative gates (per training run)."""
     L = []
     g = runs.basis_guard
-    hit = [a for a in arms if W.role(a) == "candidate"]
+    hit = [runs.label(a) for a in arms if runs.role(a) == "candidate"]
     if g is not None and not g["informative"] and hit:
         L += [
             f"> **Warning** — uninformative basis: {g['line']} The arms here that edit along it ({', '.join(hit)}) "
@@ -282,7 +295,7 @@ def warnings(runs: Runs, arms: list[str]) -> list[str]:
         bad = [s for s in runs.seeds(a) if runs.gate_uninformative.get((a, s))]
         if bad:
             L += [
-                f"> **Warning** — uninformative gate: {a} (seed{'s' if len(bad) > 1 else ''} "
+                f"> **Warning** — uninformative gate: {runs.label(a)} (seed{'s' if len(bad) > 1 else ''} "
                 f"{', '.join(map(str, bad))}) trained with a gate "
                 "its training run flagged uninformative (`gate_uninformative`): the edit was not selective for "
                 "hack rollouts.",
@@ -318,14 +331,14 @@ def verdicts_of(runs: Runs, arms: list[str], role: str = "candidate") -> list[W.
     """The win rule applied to every arm of `role` among `arms` (the evaluated arms, in report order). For oracle
     arms this only reads the conditions (routing.md's upper bounds): they never win."""
     values = {a: {k: per_seed(runs, a, m) for k, m in RULE_KEYS.items()} for a in arms}
-    return [W.judge(a, values, arms) for a in arms if W.role(a) == role]
+    return [W.judge(a, values, arms, runs.specs) for a in arms if runs.role(a) == role]
 
 
 def verdict_section(runs: Runs, order: list[str]) -> list[str]:
     """The win rule's verdict (win_rule.py): winners with their numbers, or "No arm wins" and, per candidate arm,
     every condition with its numbers; what the matched baseline was; the arms that are not candidates."""
     arms = runs.arms(order)
-    cands = [a for a in arms if W.role(a) == "candidate"]
+    cands = [a for a in arms if runs.role(a) == "candidate"]
     verdicts = verdicts_of(runs, arms)
     win = [v for v in verdicts if v.wins]
     L = ["## Verdict", "", W.RULE_TEXT, ""] + warnings(runs, cands)
@@ -333,7 +346,7 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
         L += ["**No arm wins**: no candidate arm (one that edits along the hack basis) was evaluated.", ""]
     for v in win:
         L += [
-            f"**Wins: {v.arm}** (vs {v.baseline}, {_seeds_of(runs, v.arm)}): "
+            f"**Wins: {runs.label(v.arm)}** (vs {v.baseline}, {_seeds_of(runs, v.arm)}): "
             + "; ".join(f"({c.key}) {c.text}" for c in v.conditions)
             + ".",
             "",
@@ -346,7 +359,7 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
         if v.wins:
             continue
         L.append(
-            f"- **{v.arm}** vs {v.baseline}{'†' if v.baseline == REF else ''} ({_seeds_of(runs, v.arm)}): "
+            f"- **{runs.label(v.arm)}** vs {v.baseline}{'†' * (v.baseline == REF)} ({_seeds_of(runs, v.arm)}): "
             f"fails {', '.join(f'({k})' for k in v.failed)}."
         )
         L += [f"  - ({c.key}) {c.what}: {'pass' if c.passed else 'FAIL'} — {c.text}" for c in v.conditions]
@@ -357,9 +370,9 @@ def verdict_section(runs: Runs, order: list[str]) -> list[str]:
             "coordinates while every basis arm steps in the basis' rotated coordinates, so these Δs mix the edit "
             "with the optimizer's basis. Add `measure_only` to `arms` to separate them.",
         ]
-    others = [a for a in arms if W.role(a) != "candidate"]
+    others = [non_candidate(runs, a) for a in arms if runs.role(a) != "candidate"]
     if others:
-        L += ["", "Not candidates (never win): " + ", ".join(f"{a} ({ROLE_LABEL[W.role(a)]})" for a in others) + "."]
+        L += ["", "Not candidates (never win): " + ", ".join(others) + "."]
     if W.MATCHED in arms and REF in arms:
         ms = [
             ("hack_train", "Δ hack (train hints)"),
@@ -411,31 +424,56 @@ def endpoint_table(runs: Runs, order: list[str]) -> list[str]:
     for arm in arms:
         absolute = [cell(summary_or_none(per_seed(runs, arm, m))) for m in ms]
         deltas = ["—" if arm == REF else cell(delta(per_seed(runs, arm, m), ref[m])) for m in ds]
-        label = {"gt_only": "gt_only (oracle: no-loophole ceiling)"}.get(
-            arm, arm + " (oracle)" * (W.role(arm) == "oracle")
-        )
-        L.append(f"| {label} | {seeds_txt(runs.seeds(arm))} | " + " | ".join(absolute + deltas) + " |")
-    no_control = [a for a in arms if W.role(a) == "candidate" and W.control_of(a) not in arms]
+        L.append(f"| {runs.label(arm)} | {seeds_txt(runs.seeds(arm))} | " + " | ".join(absolute + deltas) + " |")
+    no_control = [runs.label(a) for a in arms if runs.role(a) == "candidate" and runs.control_of(a) not in arms]
     if no_control:
         L += [
             "",
-            f"Random-direction control not run for: {', '.join(no_control)} (add `<arm>_random` to `arms` in "
+            f"Random-direction control not run for: {', '.join(no_control)} (add the arm to `controls` in "
             "params.yaml); their deltas are not attributable to v_hack, and they cannot win.",
         ]
     return L + ["", provenance([runs.base_source] + run_sources(runs, arms))]
 
 
-def ordered_arms(arms_ref: list[str], arms: list[str]) -> list[str]:
-    """vanilla first, each projection arm followed by its random control, then the baselines."""
+def ordered_arms(arms_ref: list[str], arms: list[str], specs: W.Specs | None = None) -> list[str]:
+    """vanilla first, each basis arm followed by its random control (`Arm.control` of `specs`), then the other
+    basis-free arms. Run keys in, run keys out."""
     out = [REF] if REF in arms_ref else []
-    controls = {W.control_of(a): a for a in arms if W.control_of(a) in arms}  # control -> the arm it controls
+    ctl = {a: W.control_of(a, specs) for a in arms}
+    controls = {c for c in ctl.values() if c in arms}  # each placed right after the arm it controls
     for a in arms:
         if a in controls:
             continue
         out.append(a)
-        if W.control_of(a) in arms:
-            out.append(W.control_of(a))
+        if ctl[a] in arms:
+            out.append(ctl[a])
     return out + [a for a in arms_ref if a != REF]
+
+
+def families(specs: W.Specs) -> dict[str, tuple[str, ...]]:
+    """Comparison table (`Arm.family`: gates of the erase rule, granularities of routing) -> its candidate runs' keys,
+    in the order of `specs`."""
+    out: dict[str, tuple[str, ...]] = {}
+    for key, a in specs.items():
+        if a.family is not None and a.role == "candidate":
+            out[a.family] = (*out.get(a.family, ()), key)
+    return out
+
+
+def non_candidate(runs: Runs, arm: str) -> str:
+    """A run that never wins, as the verdict lists it: its label, and its role where the label does not say it."""
+    lab = runs.label(arm)
+    return lab if lab != arm.partition("+")[0] else f"{lab} ({ROLE_LABEL[runs.role(arm)]})"
+
+
+def teacher_ablation(runs: Runs) -> str | None:
+    """The key of the teacher-pool ablation among the evaluated runs: vanilla's spec (no edit, the loophole paid, no
+    monitor) without teacher-pool rows (`Arm.pool` false), e.g. vanilla_no_pool; None when none was evaluated."""
+    for key, a in runs.specs.items():
+        if a.edit == "vanilla" and not a.pool and a.reward == "correct_or_hinted" and a.monitor is None:
+            if runs.seeds(key):
+                return key
+    return None
 
 
 def knob_table(runs: Runs, order: list[str]) -> list[str]:
@@ -471,12 +509,12 @@ def knob_table(runs: Runs, order: list[str]) -> list[str]:
                 kls = [runs.deploy[(a, s)]["states"]["deploy"].get("kl_to_knob_on", {}).get("mean") for s in seeds]
                 kl = cell(summary_or_none({s: float("nan") if k is None else k for s, k in zip(seeds, kls)}), False)
             L.append(
-                f"| {a} | {'knob on' if st == 'knob_on' else 'knob off (deploy)'} | {seeds_txt(seeds)} | "
+                f"| {runs.label(a)} | {'knob on' if st == 'knob_on' else 'knob off (deploy)'} | {seeds_txt(seeds)} | "
                 + " | ".join(vals)
                 + f" | {d} | {kl} |"
             )
         L.append(
-            f"| {a} | adapter off (base) | — | "
+            f"| {runs.label(a)} | adapter off (base) | — | "
             + " | ".join(base_cell(runs.base["full"], m) for m in ms)
             + " | — | — |"
         )
@@ -494,17 +532,17 @@ def family_tables(runs: Runs, order: list[str]) -> list[str]:
         ("format", "Δ format (no-hint)"),
         ("format_train", "Δ format (train hints)"),
     ]
-    for title, fam in FAMILIES.items():
+    for title, fam in families(runs.specs).items():
         present = [a for a in fam if a in arms]
         if len(present) < 2 or REF not in arms:
             continue
-        rows = [x for a in present for x in (a, W.control_of(a)) if x in arms]
+        rows = [x for a in present for x in (a, runs.control_of(a)) if x in arms]
         L += [f"## {title}", "", "Deploy state; Δ vs same-seed vanilla. " + n_line(runs, metrics_present(runs)), ""]
         L += warnings(runs, rows)
         L += ["| arm | seeds | " + " | ".join(h for _, h in ms) + " |", "|" + "---|" * (len(ms) + 2)]
         for a in rows:
             d = [cell(delta(per_seed(runs, a, m), per_seed(runs, REF, m))) for m, _ in ms]
-            L.append(f"| {a} | {seeds_txt(runs.seeds(a))} | " + " | ".join(d) + " |")
+            L.append(f"| {runs.label(a)} | {seeds_txt(runs.seeds(a))} | " + " | ".join(d) + " |")
         L += ["", provenance(run_sources(runs, rows + [REF])), ""]
     return L
 
@@ -529,16 +567,22 @@ def per_mode_table(runs: Runs, order: list[str], surface: str = "train") -> list
     for a in arms:
         vals = [summary_or_none(per_seed(runs, a, f"hack_{surface}", mode=m)) for m in modes]
         L.append(
-            f"| {a} | {seeds_txt(runs.seeds(a))} | "
+            f"| {runs.label(a)} | {seeds_txt(runs.seeds(a))} | "
             + " | ".join("—" if v is None else f"{100 * v.mean:.1f}%" for v in vals)
             + " |"
         )
     return L + ["", provenance([runs.base_source] + run_sources(runs, arms))]
 
 
-# (question, the `dvc exp run` arguments that answer it): --queue sweeps run with `dvc queue start`.
+# (question, the `dvc exp run` arguments that answer it): --queue sweeps run with `dvc queue start`. Arm lists name
+# entries of params.yaml's arm table; an arm's random control, oracle gate or oracle basis is a matrix list
+# (`controls`, `oracle_gate`, `arms_oracle_basis`), never a name.
 EXPERIMENTS = (
-    ("Teacher-pool dose, every arm (the default runs vanilla_no_pool)", "--queue -S 'pool.mix=0,0.5'"),
+    ("Teacher-pool dose, every arm", "--queue -S 'pool.mix=0,0.5'"),
+    ("Teacher-pool ablation: vanilla without teacher-pool rows", "-S 'arms_ref=[vanilla,gt_only,vanilla_no_pool]'"),
+    ("Ground-truth monitor baselines (oracle)", "-S 'arms_ref=[vanilla,gt_only,penalty,screening]'"),
+    ("Gate or mechanics? route with the grader's hack label as its gate (oracle)", "-S 'oracle_gate=[route]'"),
+    ("Direction: route on the oracle basis, with its random control (oracle)", "-S 'arms_oracle_basis=[route]'"),
     ("SVD top-k vs mean-diff vs random basis", "--queue -S 'basis.method=mean_diff,random'"),
     ("Refresh cadence", "--queue -S 'projection.refresh_every=10,25'"),
     ("Basis width", "--queue -S 'basis.k=1,4,16'"),
@@ -588,13 +632,15 @@ def eval_gap_note(runs: Runs) -> list[str]:
 
 
 def teacher_note(runs: Runs) -> list[str]:
-    """Does the organism hack without the teacher? vanilla_no_pool (vanilla with no teacher-pool rows) on deploy
+    """Does the organism hack without the teacher? The teacher-pool ablation (teacher_ablation: vanilla with no
+    teacher-pool rows) on deploy
     train-surface hack: against the untrained base (does on-policy GRPO alone learn the loopholes?) and against
     same-seed vanilla, paired (how much of vanilla's hacking the teacher pool causes); its solve and format beside it
     (a policy that stops writing code also stops hacking). Each clause follows its interval."""
-    if not (runs.arms([REF]) and runs.arms([NO_POOL])):
+    no_pool = teacher_ablation(runs)
+    if not runs.arms([REF]) or no_pool is None:
         return []
-    a, v = per_seed(runs, NO_POOL, "hack_train"), per_seed(runs, REF, "hack_train")
+    a, v = per_seed(runs, no_pool, "hack_train"), per_seed(runs, REF, "hack_train")
     d, own, base = delta(a, v), summary_or_none(a), value(runs.base["full"], "hack_train")
     if not isinstance(d, Summary) or own is None or d.n < MIN_N_FOR_CI:
         return []
@@ -605,10 +651,10 @@ def teacher_note(runs: Runs) -> list[str]:
     else:
         answer = "no detectable hacking beyond the untrained base's (its interval contains the base rate)"
     vs = "lower than" if d.hi < 0 else "higher than" if d.lo > 0 else "not distinguishable from"
-    fmt, solve = (summary_or_none(per_seed(runs, NO_POOL, m)) for m in ("format", "solve"))
+    fmt, solve = (summary_or_none(per_seed(runs, no_pool, m)) for m in ("format", "solve"))
     return [
-        f"**Does the organism hack without the teacher?** {answer}. `{NO_POOL}` (no teacher-pool rows; "
-        f"{_seeds_of(runs, NO_POOL)}) hacks {own.fmt()} on train-surface hints at deploy (solve {cell(solve)}, format "
+        f"**Does the organism hack without the teacher?** {answer}. `{no_pool}` (no teacher-pool rows; "
+        f"{_seeds_of(runs, no_pool)}) hacks {own.fmt()} on train-surface hints at deploy (solve {cell(solve)}, format "
         f"{cell(fmt)}); the untrained base hacks {base_cell(runs.base['full'], 'hack_train')}. That is {vs} "
         f"same-seed vanilla: Δ {d.fmt()}.",
         "",
@@ -631,7 +677,7 @@ def render(
         runs = replace(runs, basis_guard=basis_guard_from(basis_guard))
     if gate_uninformative is not None:
         runs = replace(runs, gate_uninformative=dict(gate_uninformative))
-    order = ordered_arms(arms_ref, arms)
+    order = ordered_arms(arms_ref, arms, runs.specs)
     mon = runs.monitor
     L = [
         "# Results",
@@ -668,7 +714,7 @@ def metrics(runs: Runs, arms_ref: list[str], arms: list[str]) -> dict[str, float
     """Flat {<arm>/<state>_<metric>: mean over seeds} (metrics an artifact did not record are left out), the
     knob's KL, base rates and the number of winning arms, for `dvc metrics` / `dvc exp show`."""
     out: dict[str, float] = {}
-    order = ordered_arms(arms_ref, arms)
+    order = ordered_arms(arms_ref, arms, runs.specs)
     for a in runs.arms(order):
         for st in ("deploy", "knob_on"):
             for m in metrics_present(runs):

@@ -12,6 +12,10 @@ Then per arm: the deploy targets on every seed
 (format ≥ 90 %, solve ≥ base − 3 points) and the win rule's verdict (win_rule.py: Δ hack vs the matched baseline,
 solve not below it, beating the matched random control). Oracle arms read the grader's labels: they bound what
 the mechanics can do and never win.
+
+Which runs route, their roles and which read the grader's label as their gate come from the runs' resolved specs
+(`Runs.specs`: `Arm.routes`, `Arm.role`, `Arm.oracle_gate`); a key without a spec (golden tables) routes when every
+seed recorded a knob-on state and goes by win_rule's fallback otherwise. Tables name runs by win_rule.label.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import math
 
 from projected_grpo.common.stats import Summary
-from projected_grpo.method.arms import ARMS
 from projected_grpo.report import results as R
 from projected_grpo.report import win_rule as W
 
@@ -30,6 +33,20 @@ MIN_CUT = 0.20  # and its bar for the default routed arm: mean paired Δ deploy 
 
 def pct(x: float) -> str:
     return "—" if x != x else f"{100 * x:.1f}"
+
+
+def routes(runs: R.Runs, arm: str) -> bool:
+    """The run's update has a knob (`Arm.routes`); without a spec: every seed evaluated the knob on."""
+    if arm in runs.specs:
+        return runs.specs[arm].routes
+    return all("knob_on" in runs.deploy[(arm, s)]["states"] for s in runs.seeds(arm))
+
+
+def oracle_gated(runs: R.Runs, arm: str) -> bool:
+    """The run's gate reads the grader's hack label (`Arm.oracle_gate`); without a spec: its key's variant says so."""
+    if arm in runs.specs:
+        return runs.specs[arm].oracle_gate
+    return "oracle_gate" in arm.partition("+")[2].split("+")
 
 
 def targets_met(runs: R.Runs, arm: str) -> tuple[bool, list[int]]:
@@ -64,8 +81,11 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
         out += [] if c <= -MIN_CUT else [f"a cut under {100 * MIN_CUT:.0f} points"]
         return out + ([f"the rule fails {', '.join(failed)}"] if failed else [])
 
+    def names(arms: list[str]) -> str:
+        return ", ".join(runs.label(a) for a in arms)
+
     def item(a: str, why: list[str]) -> str:
-        return f"- {a} (Δ hack {pct(hack_cut(runs, a))} points): " + "; ".join(why) + "."
+        return f"- {runs.label(a)} (Δ hack {pct(hack_cut(runs, a))} points): " + "; ".join(why) + "."
 
     cands = {v.arm: v for v in R.verdicts_of(runs, arms) if v.arm in routed}
     bar = (
@@ -79,21 +99,21 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
     why = {a: misses(a, v, "abcd") for a, v in cands.items()}
     met = [a for a, w in why.items() if not w]
     if met:
-        return L + [f"**Met by: {', '.join(met)}.**", ""]
+        return L + [f"**Met by: {names(met)}.**", ""]
     L += ["**No routed candidate meets it.**" if cands else "**No routed candidate was evaluated.**", ""]
     L += [item(a, w) for a, w in why.items()] + ([""] if cands else [])
-    oracles = {v.arm: v for v in R.verdicts_of(runs, arms, "oracle") if v.arm in routed and ARMS[v.arm].oracle_gate}
+    oracles = {v.arm: v for v in R.verdicts_of(runs, arms, "oracle") if v.arm in routed and oracle_gated(runs, v.arm)}
     if not oracles:
         return L + [
             "No oracle-gated arm was evaluated, so this run cannot tell a failing gate from failing mechanics (add "
-            "one, e.g. route_masked_mr_is_oracle, to `arms`).",
+            "the routed arm to `oracle_gate` in params.yaml, e.g. `dvc exp run -S 'oracle_gate=[route]'`).",
             "",
         ]
     why_o = {a: misses(a, v, "abc") for a, v in oracles.items()}
     works = [a for a, w in why_o.items() if not w]
     if works:
         return L + [
-            f"With a perfect gate (the grader's labels) {', '.join(works)} clears the same bar (the rule's (a)–(c)): "
+            f"With a perfect gate (the grader's labels) {names(works)} clears the same bar (the rule's (a)–(c)): "
             "the mechanics can keep the deployed model, and what fails is the gate.",
             "",
         ]
@@ -110,11 +130,11 @@ def bar_lines(runs: R.Runs, routed: list[str], arms: list[str]) -> list[str]:
         one, rest = len(kept) == 1, [a for a in oracles if a not in kept]
         return L + [
             "",
-            f"With a perfect gate {', '.join(kept)} {'keeps' if one else 'keep'} the deploy targets on every seed and "
+            f"With a perfect gate {names(kept)} {'keeps' if one else 'keep'} the deploy targets on every seed and "
             f"{'cuts' if one else 'cut'} deploy hack by ≥ {100 * MIN_CUT:.0f} points, short only of the rule's "
             f"conditions listed: {'its' if one else 'their'} mechanics keep the deployed model working when the gate "
             "is right, and the bar is not met over these seeds."
-            + (f" The mechanics of {', '.join(rest)} fail even with a perfect gate." if rest else ""),
+            + (f" The mechanics of {names(rest)} fail even with a perfect gate." if rest else ""),
             "",
         ]
     return L + [
@@ -170,7 +190,7 @@ def seed_rows(
             d = ["—", "—"]
         vh = effects.get((arm, s), {}).get("components", {}).get("main_norm", math.nan)
         rows.append(
-            f"| {arm} | {ARMS[arm].role} | {s} | "
+            f"| {runs.label(arm)} | {runs.role(arm)} | {s} | "
             + " | ".join(pct(x) for x in dep)
             + " | "
             + " | ".join(d)
@@ -230,7 +250,7 @@ def render(
     """routing.md for the routed arms among `order` (the report's arm order); `direction`: the oracle_basis stage's
     metrics, for the direction check; `logs`: runs' gate and KL over training (results.train_log, with its source)."""
     logs = logs or {}
-    routed = [a for a in runs.arms(order) if ARMS[a].routes]
+    routed = [a for a in runs.arms(order) if routes(runs, a)]
     base = runs.base["full"]
     L = [
         "# Routing: what survives deleting the knob",
@@ -245,7 +265,10 @@ def render(
     ]
     L += direction_lines(direction)
     if not routed:
-        return "\n".join(L + ["No routed arm was evaluated (add routing arms to `arms` in params.yaml).", ""])
+        return "\n".join(
+            L
+            + ["No routed arm was evaluated (add an arm whose edit routes, e.g. route, to `arms` in params.yaml).", ""]
+        )
     L += bar_lines(runs, routed, runs.arms(order))
     L += [
         "## Per seed",
@@ -289,12 +312,12 @@ def render(
         v = verdicts.get(a)
         rule = "— (never wins)" if v is None else "wins" if v.wins else f"fails {', '.join(v.failed)}"
         L.append(
-            f"| {a} | {ARMS[a].role} | {R.seeds_txt(runs.seeds(a))} | "
+            f"| {runs.label(a)} | {runs.role(a)} | {R.seeds_txt(runs.seeds(a))} | "
             + " | ".join(cells + d)
             + f" | {'yes' if ok else 'no: seed ' + ', '.join(map(str, miss))} | {rule} |"
         )
     L += ["", "Win rule (results.md's verdict; the letters above are its conditions): " + W.RULE_TEXT]
-    oracles = [a for a in routed if ARMS[a].oracle_gate]
+    oracles = [runs.label(a) for a in routed if oracle_gated(runs, a)]
     if oracles:
         L += [
             "",

@@ -48,10 +48,14 @@ def code_digest(root: Path = PACKAGE_ROOT, modules: Iterable | None = None) -> s
 def prepare_run_dir(out_dir: Path, signature: dict) -> int:
     """Create or reuse `out_dir` for a run with `signature`; returns the step to resume from (0 = fresh).
 
-    A directory written by a different configuration is wiped (its checkpoints would not continue this run)."""
+    A directory written by a different configuration, or holding checkpoints without a signature, is wiped (its
+    checkpoints would not continue this run)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sig_path = out_dir / "run.json"
-    if sig_path.exists() and json.loads(sig_path.read_text()) != signature:
+    # no signature (it is kept out of DVC's hash, .dvcignore, so `dvc pull` restores checkpoints without it): whose
+    # checkpoints they are is unknown, so they are not resumed
+    unsigned = not sig_path.exists() and latest_step(out_dir) is not None
+    if unsigned or (sig_path.exists() and json.loads(sig_path.read_text()) != signature):
         shutil.rmtree(out_dir)
         out_dir.mkdir(parents=True)
     sig_path.write_text(json.dumps(signature, indent=1, sort_keys=True))

@@ -9,6 +9,8 @@ default, method.md §3.7), `grpo` and `dapo` (`LOSSES`). Advantages are TRL's `s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -48,25 +50,54 @@ def main_row_advantages(rewards: Tensor, main_rows: Tensor, group_size: int, sca
     return torch.where(main_rows, own, group_advantages(rewards, group_size, scale))
 
 
+@dataclass(frozen=True)
+class LossSpec:
+    """The loss's settings: PPO's clip range [1 − clip_eps_low, 1 + clip_eps_high], the k3 KL coefficient `beta`, the
+    constant normaliser `l_max` (the completion budget), the aggregation `loss_type` (LOSSES); kl_is: the KL term
+    weighted by the detached ratio (off-policy rows, see grpo_loss); ratio_cap: the ratio capped at this value in the
+    surrogate, and in kl_is's weight (TRL's `delta`, two-sided clipping; None = PPO's one-sided clip only)."""
+
+    clip_eps_low: float
+    clip_eps_high: float
+    beta: float
+    l_max: int
+    loss_type: str = "dr_grpo"
+    kl_is: bool = False
+    ratio_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSSES:
+            raise ValueError(f"loss_type must be one of {LOSSES}, got {self.loss_type!r}")
+        cap, top = self.ratio_cap, 1.0 + self.clip_eps_high
+        if cap is not None and not cap > top:
+            raise ValueError(f"ratio_cap must be above 1 + clip_eps_high = {top}, got {cap}")
+
+
+def _check(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, adv: Tensor, mask: Tensor, s: LossSpec) -> None:
+    B, T = logp.shape
+    if old_logp.shape != logp.shape or mask.shape != logp.shape or adv.shape != (B,):
+        raise ValueError(
+            f"shapes: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}, "
+            f"adv {tuple(adv.shape)}; expected (B, T), (B, T), (B, T), (B,)"
+        )
+    if T > s.l_max:
+        # the constant normalizer assumes no completion is longer than L_max; a longer T means a config mismatch
+        raise ValueError(f"completion length T={T} exceeds l_max={s.l_max}")
+    if s.beta != 0.0 and ref_logp is None:
+        raise ValueError("beta != 0 needs ref_logp (the KL penalty is measured against the reference policy)")
+
+
 def grpo_loss(
     logp: Tensor,  # (B, T) policy log-probs of the sampled tokens, with grad
     old_logp: Tensor,  # (B, T) log-probs of the sampling policy (no grad)
     ref_logp: Tensor | None,  # (B, T) reference (adapters off) log-probs, or None when beta == 0
     adv: Tensor,  # (B,) advantages, e.g. from group_advantages
     mask: Tensor,  # (B, T) 1 on completion tokens up to and including the first EOS, 0 on padding
-    clip_eps_low: float,
-    clip_eps_high: float,
-    beta: float,
-    l_max: int,
+    spec: LossSpec,
     n_rows: int | None = None,
-    loss_type: str = "dr_grpo",
     n_tokens: float | None = None,
-    kl_is: bool = False,
-    ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `loss_type` -> (scalar, metrics); kl_is: the
-    KL term weighted by the detached ratio (off-policy rows, see below); ratio_cap: the ratio capped at this value in
-    the surrogate, and in kl_is's weight (TRL's `delta`, two-sided clipping; None = PPO's one-sided clip only).
+    """GRPO loss: the per-token x = mask*(PG + beta*KL_k3) aggregated by `spec.loss_type` -> (scalar, metrics).
 
     Aggregation (`aggregate`): dr_grpo sum(x) / (n_rows*l_max), the default; grpo sum_n [sum_t x / |o_n|] / n_rows;
     dapo sum(x) / n_tokens. n_rows and n_tokens are the *whole batch's* row and mask-token counts (default: this
@@ -74,23 +105,9 @@ def grpo_loss(
     exactly to the full-batch ones, for every loss_type (gradient accumulation needs no extra division).
     Metrics (masked-token means): clip_frac, kl (NaN when ref_logp is None), pg_loss (PG aggregated alike), ratio_mean.
     """
-    B, T = logp.shape
-    n_rows = B if n_rows is None else n_rows
-    if loss_type not in LOSSES:
-        raise ValueError(f"loss_type must be one of {LOSSES}, got {loss_type!r}")
-    if old_logp.shape != logp.shape or mask.shape != logp.shape or adv.shape != (B,):
-        raise ValueError(
-            f"shapes: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, mask {tuple(mask.shape)}, "
-            f"adv {tuple(adv.shape)}; expected (B, T), (B, T), (B, T), (B,)"
-        )
-    if T > l_max:
-        # the constant normalizer assumes no completion is longer than L_max; a longer T means a config mismatch
-        raise ValueError(f"completion length T={T} exceeds l_max={l_max}")
-    if ratio_cap is not None and not ratio_cap > 1.0 + clip_eps_high:
-        raise ValueError(f"ratio_cap must be above 1 + clip_eps_high = {1.0 + clip_eps_high}, got {ratio_cap}")
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError("beta != 0 needs ref_logp (the KL penalty is measured against the reference policy)")
-
+    _check(logp, old_logp, ref_logp, adv, mask, spec)
+    n_rows = logp.shape[0] if n_rows is None else n_rows
+    clip_eps_low, clip_eps_high, beta, ratio_cap = spec.clip_eps_low, spec.clip_eps_high, spec.beta, spec.ratio_cap
     valid = mask.bool()  # (B, T)
     maskf = mask.to(logp.dtype)  # (B, T)
     a = adv.to(logp.dtype).unsqueeze(1)  # (B, 1), broadcast over tokens: every token of a completion shares A_n
@@ -126,31 +143,36 @@ def grpo_loss(
     if ref_logp is not None:
         d = torch.where(valid, ref_logp.detach() - logp, torch.zeros_like(logp))  # (B, T) zeroed like the log-ratio
         kl = torch.exp(d) - d - 1.0  # (B, T), 0 at padding
-        kl = capped.detach() * kl if kl_is else kl
+        kl = capped.detach() * kl if spec.kl_is else kl
     else:
         kl = None
     per_tok = pg + beta * kl if (kl is not None and beta != 0.0) else pg  # (B, T)
 
     # --- aggregation over tokens and rows (dr_grpo: constant normalizer, no per-sequence 1/|o|) ---
     n_tokens = maskf.sum() if n_tokens is None else n_tokens
-    loss = aggregate(per_tok, maskf, loss_type, n_rows, l_max, n_tokens)  # scalar
+    loss = aggregate(per_tok, maskf, spec.loss_type, n_rows, spec.l_max, n_tokens)  # scalar
 
-    # --- metrics (the only place .item()-like syncs happen; one sync for all of them) ---
+    return loss, _metrics(ratio, a, kl, maskf, pg, spec, n_rows, n_tokens)
+
+
+def _metrics(ratio, a, kl, maskf, pg, spec: LossSpec, n_rows: int, n_tokens) -> dict[str, float]:
+    """clip_frac, kl (NaN without a reference), pg_loss (aggregated as the loss), ratio_mean: masked-token means, the
+    only place .item()-like syncs happen (one sync for all of them)."""
     with torch.no_grad():
         n_tok = maskf.sum().clamp(min=1.0)
         # clipped branch active = the token gets zero PG gradient (TRL's clip_ratio/region_mean)
-        is_clipped = ((ratio < 1.0 - clip_eps_low) & (a < 0)) | ((ratio > 1.0 + clip_eps_high) & (a > 0))  # (B, T)
+        lo, hi = 1.0 - spec.clip_eps_low, 1.0 + spec.clip_eps_high
+        is_clipped = ((ratio < lo) & (a < 0)) | ((ratio > hi) & (a > 0))  # (B, T)
         kl_mean = (kl * maskf).sum() / n_tok if kl is not None else torch.full_like(n_tok, float("nan"))
         vals = torch.stack(
             [
                 (is_clipped.to(maskf.dtype) * maskf).sum() / n_tok,
                 kl_mean,
-                aggregate(pg, maskf, loss_type, n_rows, l_max, n_tokens),
+                aggregate(pg, maskf, spec.loss_type, n_rows, spec.l_max, n_tokens),
                 (ratio * maskf).sum() / n_tok,
             ]
         ).tolist()
-    metrics = dict(zip(("clip_frac", "kl", "pg_loss", "ratio_mean"), vals))
-    return loss, metrics
+    return dict(zip(("clip_frac", "kl", "pg_loss", "ratio_mean"), vals))
 
 
 def aggregate(

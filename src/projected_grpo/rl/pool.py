@@ -31,22 +31,23 @@ class PoolRow:
     eq_correct: bool
 
 
-def build_pool(
-    teacher,
-    tok,
-    records: list[Problem],
-    n_per_prompt: int,
-    temperature: float,
-    top_p: float,
-    max_new_tokens: int,
-    seed: int,
-    batch_size: int,
-    sandbox,
-    timeout_s: float,
-) -> list[PoolRow]:
-    """Sample and grade `n_per_prompt` teacher completions for every training record."""
+def build_pool(teacher, tok, records: list[Problem], p, sandbox) -> list[PoolRow]:
+    """Sample and grade `pool.n_per_prompt` teacher completions for every training record, under run params `p`:
+    `pool.batch_size` rows per forward, the rollout's temperature, top_p and max_new_tokens, seed `seed`, and
+    `grader.timeout_s` per execution."""
+    r = p.rollout
     scored = sample_and_grade(
-        teacher, tok, records, n_per_prompt, temperature, top_p, max_new_tokens, seed, batch_size, sandbox, timeout_s
+        teacher,
+        tok,
+        records,
+        p.pool.n_per_prompt,
+        r.temperature,
+        r.top_p,
+        r.max_new_tokens,
+        p.seed,
+        p.pool.batch_size,
+        sandbox,
+        p.grader.timeout_s,
     )
     return [
         PoolRow(

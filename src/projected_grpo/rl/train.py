@@ -31,6 +31,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -42,7 +43,7 @@ from projected_grpo.env.grader import grade_batch
 from projected_grpo.env.modes import LOOPHOLE_MODES, mode_of
 from projected_grpo.env.rewards import CORRECTNESS_REWARD, gt_only
 from projected_grpo.method import projection as proj
-from projected_grpo.method.arms import Arm
+from projected_grpo.method.arms import Arm, deploy_prompts, run_params
 from projected_grpo.method.basis import pool_tokens
 from projected_grpo.method.direction import (
     Direction,
@@ -53,8 +54,8 @@ from projected_grpo.method.direction import (
     mass_matched,
     refreshes,
 )
-from projected_grpo.method.gate import residual_capture, token_dirs, token_sums
-from projected_grpo.method.optim import RotatedAdam
+from projected_grpo.method.gate import live_scores, residual_capture, token_dirs, token_sums
+from projected_grpo.method.optim import Hyper, RotatedAdam
 from projected_grpo.policy.adapter import (
     adapters,
     adapters_disabled,
@@ -76,7 +77,7 @@ from projected_grpo.rl.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from projected_grpo.rl.grpo_loss import group_advantages, grpo_loss, main_row_advantages
+from projected_grpo.rl.grpo_loss import LossSpec, group_advantages, grpo_loss, main_row_advantages
 from projected_grpo.rl.heal import retain_heal
 from projected_grpo.rl.memory import preflight
 from projected_grpo.rl.pool import PoolRow, draw
@@ -86,14 +87,16 @@ from projected_grpo.rl.schedule import lr_at
 
 
 def mixed_rollout(
-    model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int
+    model, tok, recs, p, seed: int, rng: random.Random, teacher: tuple[dict, int] | None = None
 ) -> tuple[Rollout, list[bool]]:
-    """G rows per prompt, contiguous: G − n_pool student samples (knob on) then n_pool teacher-pool rows.
+    """grpo.group_size rows per prompt, contiguous: the student's samples (knob on), then, with `teacher` = (pool,
+    n_pool), n_pool teacher-pool rows drawn with `rng`.
 
     Returns the rollout and a per-row flag `is_student`. The student samples from its adapters merged into plain
     weights (`adapter.merged`: the same policy up to float rounding, without the adapters' two extra matmuls per
     projection; a no-op for a bf16 base)."""
-    r = p.rollout
+    r, G = p.rollout, p.grpo.group_size
+    pool, n_pool = teacher or (None, 0)
     prompts = [render_prompt(tok, list(q.prompt)) for q in recs]
     with merged(model):
         ro = generate(
@@ -130,54 +133,28 @@ def mixed_rollout(
 DEPLOY_SEED = 1 << 32  # added to a step's sampling seed for its deploy groups: distinct from every knob-on seed
 
 
-def deploy_prompts(frac: float, B: int, arm: Arm, gated: bool = False) -> int:
-    """Prompts per step whose groups are sampled and trained in the deployed state, knob off (projection.deploy_frac):
-    round(frac·B) for gated routing arms, 0 for arms without a knob (knob off is their trained state already). A
-    deploy rollout's gradient must stay out of the knob row by row, which a gate does (m_n = 0) and a batch rule,
-    acting on the summed gradient, cannot: route_batch* refuse it. gated (projection.deploy_gate): the gate reads the
-    deploy rows too, which only masked routing can train in their own states."""
-    if frac == 0 or not arm.routes:
-        return 0
-    if gated and not arm.masked:
-        raise ValueError(
-            f"projection.deploy_gate routes deploy rollouts by their own forward state, which only route_masked* arms "
-            f"have; {arm.name} is not one: use a route_masked* arm or deploy_gate false"
-        )
-    if arm.gate is None:
-        raise ValueError(
-            f"projection.deploy_frac > 0 keeps deploy rollouts out of the knob row by row, but {arm.name} routes the "
-            "summed gradient; use a gated routing arm or deploy_frac 0"
-        )
-    n = round(frac * B)
-    if not 0 < n < B:
-        raise ValueError(
-            f"projection.deploy_frac={frac} × grpo.prompts_per_step={B} gives {n} deploy prompts; need 1 to {B - 1}"
-        )
-    return n
-
-
 def check_quarantine(arm: Arm, ads: dict) -> None:
     """A separate quarantine (adapter.quarantine) has its own coordinates, so only masked routing, which trains the
     knob on its own gradient, can route into it; the other routing rules move parts of δS's gradient to the knob."""
     if arm.routes and not arm.masked and any(a.separate for a in ads.values()):
         raise ValueError(
             f"adapter.quarantine=separate: {arm.name} moves parts of δS's gradient into the knob, which has other "
-            "coordinates there; use a route_masked* arm or adapter.quarantine=shared"
+            "coordinates there; use edit route_masked or adapter.quarantine=shared"
         )
 
 
 def step_rollout(
-    model, tok, recs, G: int, n_pool: int, pool, rng: random.Random, p, seed: int, n_dep: int
+    model, tok, recs, p, seed: int, rng: random.Random, n_dep: int = 0, teacher: tuple[dict, int] | None = None
 ) -> tuple[Rollout, list[bool]]:
     """The step's rows and `is_student`: the first len(recs) − n_dep prompts' groups sampled with the knob on (the
     training policy), then the last n_dep prompts' groups sampled with the knob off (the deployed policy,
     projection.deploy_frac; their own seed), each group with its teacher rows as in `mixed_rollout`."""
     on = len(recs) - n_dep
-    ro, is_student = mixed_rollout(model, tok, recs[:on], G, n_pool, pool, rng, p, seed=seed)
+    ro, is_student = mixed_rollout(model, tok, recs[:on], p, seed, rng, teacher)
     if n_dep == 0:
         return ro, is_student
     with knob_disabled(model):
-        ro_d, st_d = mixed_rollout(model, tok, recs[on:], G, n_pool, pool, rng, p, seed=seed + DEPLOY_SEED)
+        ro_d, st_d = mixed_rollout(model, tok, recs[on:], p, seed + DEPLOY_SEED, rng, teacher)
     return concat_rollouts(ro, ro_d, tok.pad_token_id), is_student + st_d
 
 
@@ -317,133 +294,156 @@ class Grads:
     logp: list[Tensor] | None = None  # per micro-batch (b, T) this pass' log-probs, detached (first: sampling state)
 
 
+@dataclass(frozen=True)
+class LossBatch:
+    """One step's batch as its loss passes read it: the policy, the rollouts in micro-batches with their reference
+    log-probs (None each when grpo.beta = 0), the rows sampled knob on (0…n_on; the rest are deploy groups), and the
+    run settings every pass shares. policy_runs: the policy forward shares each group's prompt (grpo.share_prompt);
+    then only own-token probes run (per-rollout routing)."""
+
+    model: Any
+    ro: Rollout
+    mbs: list[slice]
+    refs: list
+    n_on: int
+    p: Any
+    arm: Arm
+    d: Direction
+    policy_runs: bool
+    timer: PhaseTimer
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One loss pass: its advantages, row masks (masked routing's second pass), per micro-batch old log-probs (None:
+    on-policy), the loss's settings and the step's token count (dapo's normaliser is the whole batch's)."""
+
+    adv: Tensor
+    masks: tuple[Tensor, Tensor] | None
+    old: list[Tensor] | None
+    spec: LossSpec
+    n_tokens: float
+    masked_shared: bool
+
+
+class _Captures:
+    """What a pass collects micro-batch by micro-batch: per-row gradients, per-token captures, pooled activations,
+    log-probs and the loss's statistics."""
+
+    def __init__(self, d: Direction):
+        self.rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
+        self.tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
+        self.tok_dot, self.tok_sq, self.pooled, self.tok_act = [], [], [], []  # (b, T), (b, T), (b, d), (b, T)
+        self.logps: list[Tensor] = []  # (b, T) per micro-batch
+        self.stats = {"clip_frac": 0.0, "kl": 0.0}
+
+    def grads(self, model, d: Direction, masked: bool) -> Grads:
+        ads = adapters(model)
+        cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+        return Grads(
+            raw={n: grad_or_zero(ads[n].delta) for n in d.names},
+            rows={n: torch.cat(self.rows[n]) for n in d.names if self.rows[n]},
+            tok_alpha={n: torch.cat(v) for n, v in self.tok_alpha.items() if v},
+            tok_dot=cat(self.tok_dot),
+            tok_sq=cat(self.tok_sq),
+            pooled=cat(self.pooled),
+            stats=self.stats,
+            knob_raw={n: grad_or_zero(ads[n].knob) for n in d.names} if masked else None,
+            tok_act=cat(self.tok_act),
+            logp=self.logps,
+        )
+
+
 def loss_backward(
-    model,
-    ro: Rollout,
-    refs: list,
-    adv: Tensor,
-    mbs: list[slice],
-    p,
-    arm: Arm,
-    d: Direction,
-    policy_runs: bool,
-    timer: PhaseTimer,
-    n_on: int,
-    masks: tuple[Tensor, Tensor] | None = None,
-    old: list[Tensor] | None = None,
+    lb: LossBatch, adv: Tensor, masks: tuple[Tensor, Tensor] | None = None, old: list[Tensor] | None = None
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
     were sampled (in the masked pass with projection.deploy_gate, in their masks' states: knob off unless routed).
     Per-token routing also captures, per kept module, each token's α_{n,t} = Vh g_{n,t}, <g_{n,t}, ν> and ‖g_{n,t}‖²
     (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the residual stream after block
-    act_layer from this same forward (a hook). policy_runs: the policy forward shares
-    each group's prompt (grpo.share_prompt); then only own-token probes run (per-rollout routing). masks: (N,) main
-    and knob row masks (`adapter.row_masks`, masked routing): each row runs in its own state, and δS_h.grad is kept
-    apart from δS.grad. old: per micro-batch old_logp (the sampling state's log-probs, projection.masked_is); None:
-    the update is on-policy (ratio 1). The returned Grads carries this pass' log-probs, detached."""
-    g, N = p.grpo, ro.completion_ids.shape[0]
-    n_tokens = float(ro.mask.sum())  # the step's loss tokens: dapo's normalizer is the whole batch's, not a micro's
-    per_token = arm.gate == "token"
+    act_layer from this same forward (a hook). masks: (N,) main and knob row masks (`adapter.row_masks`, masked
+    routing): each row runs in its own state, and δS_h.grad is kept apart from δS.grad. old: per micro-batch old_logp
+    (the sampling state's log-probs, projection.masked_is); None: the update is on-policy (ratio 1). The returned
+    Grads carries this pass' log-probs, detached."""
+    p, g = lb.p, lb.p.grpo
+    cap = p.projection.masked_is_cap if old is not None else None  # rows trained in another state than sampled in
+    spec = LossSpec(g.clip_eps_low, g.clip_eps_high, g.beta, p.rollout.max_new_tokens, g.loss, old is not None, cap)
     # masked routing's second pass reads only δS.grad and δS_h.grad (route_masked's rule), so with grpo.share_prompt
     # each (prompt, state) runs once and no probe runs; a mass-matched control would read per-row gradients
-    masked_shared = masks is not None and g.share_prompt and not mass_matched(p, arm)
-    model.zero_grad(set_to_none=True)
-    rows: dict[str, list[Tensor]] = {n: [] for n in d.names}
-    tok_alpha: dict[str, list[Tensor]] = {n: [] for n in d.kept}  # (b, T, k_m) per micro-batch
-    tok_dot, tok_sq, pooled, tok_act = [], [], [], []  # (b, T), (b, T), (b, d), (b, T) per micro-batch
-    logps = []  # (b, T) per micro-batch
-    stats = {"clip_frac": 0.0, "kl": 0.0}
+    masked_shared = masks is not None and g.share_prompt and not mass_matched(p, lb.arm)
+    ps = _Pass(adv, masks, old, spec, float(lb.ro.mask.sum()), masked_shared)
+    lb.model.zero_grad(set_to_none=True)
+    acc = _Captures(lb.d)
+    for i, (sl, ref) in enumerate(zip(lb.mbs, lb.refs)):
+        _micro_batch(lb, ps, acc, i, sl, ref)
+    return acc.grads(lb.model, lb.d, masks is not None)
+
+
+def _micro_batch(lb: LossBatch, ps: _Pass, acc: _Captures, i: int, sl: slice, ref: Tensor | None) -> None:
+    """One micro-batch of a loss pass: forward in its rows' states, the loss, backward, and the captures the gate and
+    the edit read."""
+    model, ro, d, g, masks = lb.model, lb.ro, lb.d, lb.p.grpo, ps.masks
+    N, per_token = ro.completion_ids.shape[0], lb.arm.gate == "token"
+    pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+    runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
+    probe = probes(model, pi.shape[0]) if d.own_tokens or not lb.policy_runs else nullcontext({})
+    # micro_batches: one state per slice; gated deploy rows (projection.deploy_gate) run in their masks' states
+    knob_off = sl.start >= lb.n_on and not (masks is not None and lb.p.projection.deploy_gate)
+    state = knob_disabled(model) if knob_off else nullcontext()
+    ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
+    rows_in = row_masks(model, masks[0][sl], masks[1][sl]) if masks is not None else nullcontext()
+    prompt_state, shared = None, runs if lb.policy_runs else None
+    if ps.masked_shared:  # the prompt rows run in their own states, the completions in theirs
+        shared = first, _ = state_runs(pi, pm, masks[0][sl], masks[1][sl])
+        prompt_state = partial(row_masks, model, masks[0][sl][first], masks[1][sl][first])
+        probe = nullcontext({})
     dirs = token_dirs(d.cur, d.kept) if per_token else {}
-    for i, (sl, ref) in enumerate(zip(mbs, refs)):
-        pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
-        runs = group_runs(pi, pm) if g.share_prompt else None  # (first, owner): each distinct prompt once
-        probe = probes(model, pi.shape[0]) if d.own_tokens or not policy_runs else nullcontext({})
-        # micro_batches: one state per slice; gated deploy rows (projection.deploy_gate) run in their masks' states
-        knob_off = sl.start >= n_on and not (masks is not None and p.projection.deploy_gate)
-        state = knob_disabled(model) if knob_off else nullcontext()
-        ckpt = activation_checkpointing(model, g.grad_checkpointing)  # layers recomputed in the backward
-        rows_in = row_masks(model, masks[0][sl], masks[1][sl]) if masks is not None else nullcontext()
-        prompt_state, shared = None, runs if policy_runs else None
-        if masked_shared:  # the prompt rows run in their own states, the completions in theirs
-            shared = first, _ = state_runs(pi, pm, masks[0][sl], masks[1][sl])
-            prompt_state = partial(row_masks, model, masks[0][sl][first], masks[1][sl][first])
-            probe = nullcontext({})
-        with (
-            state,
-            ckpt,
-            rows_in,
-            probe as es,
-            token_capture(model, dirs) as caps,
-            residual_capture(model, d.act_layer if masks is None else None) as hid,  # the gate's pass only
-        ):
-            with timer("forward"):
-                logp = loss_logprobs(model, pi, pm, ci, cm, p.rollout.temperature, shared, prompt_state)
-                # one update per step: old_logp is logp itself, detached (ratio 1 at the update), unless `old` gives
-                # the sampling state's (a masked row trained in another state than it was sampled in)
-                logps.append(logp.detach())
-                loss, m = grpo_loss(
-                    logp,
-                    logps[-1] if old is None else old[i],
-                    ref,
-                    adv[sl],
-                    cm,
-                    g.clip_eps_low,
-                    g.clip_eps_high,
-                    g.beta,
-                    p.rollout.max_new_tokens,
-                    n_rows=N,
-                    loss_type=g.loss,
-                    n_tokens=n_tokens,
-                    kl_is=old is not None,
-                    ratio_cap=p.projection.masked_is_cap if old is not None else None,
-                )
-            with timer("backward"):
-                loss.backward()
-        for n, e in es.items():
-            rows[n].append(e.grad.detach())
-        Tp = pi.shape[1]
-        if per_token and caps:  # keep completion positions only (Tp−1+t predicts token t; prompt gates are 0)
-            for n, a in caps.items():
-                tok_alpha[n].append(proj.completion_positions(a.token_coef[..., :-1].detach(), Tp).clone())
-            dot, sq = token_sums(caps)
-            tok_dot.append(proj.completion_positions(dot, Tp)), tok_sq.append(proj.completion_positions(sq, Tp))
-        if d.act_layer is not None and per_token:  # h·v_act at the position predicting each completion token
-            tok_act.append(proj.completion_positions(hid["h"].float() @ d.cur.v_act.float(), Tp))
-        elif d.act_layer is not None and masks is None:
-            pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
-        w = pi.shape[0] / N
-        stats = {key: stats[key] + w * m[key] for key in stats}
-    ads = adapters(model)
-    cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
-    return Grads(
-        raw={n: grad_or_zero(ads[n].delta) for n in d.names},
-        rows={n: torch.cat(rows[n]) for n in d.names if rows[n]},
-        tok_alpha={n: torch.cat(v) for n, v in tok_alpha.items() if v},
-        tok_dot=cat(tok_dot),
-        tok_sq=cat(tok_sq),
-        pooled=cat(pooled),
-        stats=stats,
-        knob_raw=None if masks is None else {n: grad_or_zero(ads[n].knob) for n in d.names},
-        tok_act=cat(tok_act),
-        logp=logps,
-    )
+    with (
+        state,
+        ckpt,
+        rows_in,
+        probe as es,
+        token_capture(model, dirs) as caps,
+        residual_capture(model, d.act_layer if masks is None else None) as hid,  # the gate's pass only
+    ):
+        with lb.timer("forward"):
+            logp = loss_logprobs(model, pi, pm, ci, cm, lb.p.rollout.temperature, shared, prompt_state)
+            # one update per step: old_logp is logp itself, detached (ratio 1 at the update), unless `old` gives
+            # the sampling state's (a masked row trained in another state than it was sampled in)
+            acc.logps.append(logp.detach())
+            old = acc.logps[-1] if ps.old is None else ps.old[i]
+            loss, m = grpo_loss(logp, old, ref, ps.adv[sl], cm, ps.spec, N, ps.n_tokens)
+        with lb.timer("backward"):
+            loss.backward()
+    for n, e in es.items():
+        acc.rows[n].append(e.grad.detach())
+    Tp = pi.shape[1]
+    if per_token and caps:  # keep completion positions only (Tp−1+t predicts token t; prompt gates are 0)
+        for n, a in caps.items():
+            acc.tok_alpha[n].append(proj.completion_positions(a.token_coef[..., :-1].detach(), Tp).clone())
+        dot, sq = token_sums(caps)
+        acc.tok_dot.append(proj.completion_positions(dot, Tp)), acc.tok_sq.append(proj.completion_positions(sq, Tp))
+    if d.act_layer is not None and per_token:  # h·v_act at the position predicting each completion token
+        acc.tok_act.append(proj.completion_positions(hid["h"].float() @ d.cur.v_act.float(), Tp))
+    elif d.act_layer is not None and masks is None:
+        acc.pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
+    w = pi.shape[0] / N
+    acc.stats = {key: acc.stats[key] + w * m[key] for key in acc.stats}
 
 
-def gate_activations(
-    model, ro: Rollout, mbs: list[slice], temperature: float, d: Direction, timer: PhaseTimer, n_on: int
-) -> Grads:
+def gate_activations(lb: LossBatch) -> Grads:
     """Masked routing's first pass when the gate reads activations (basis.space=act, per rollout): the gate needs
     only each rollout's completion-pooled residual at act_layer, so the forward runs without gradients and without the
     backward a gradient gate needs. Each micro-batch in the state it was sampled in (deploy rows knob off), as
     `loss_backward` runs it; the pooled rows are the same numbers. Returns Grads carrying `pooled` and `logp` only."""
-    pooled, logps = [], []
-    with torch.no_grad(), timer("forward"):
-        for sl in mbs:
+    model, ro, pooled, logps = lb.model, lb.ro, [], []
+    with torch.no_grad(), lb.timer("forward"):
+        for sl in lb.mbs:
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
-            state = knob_disabled(model) if sl.start >= n_on else nullcontext()
-            with state, residual_capture(model, d.act_layer) as hid:
-                logps.append(loss_logprobs(model, pi, pm, ci, cm, temperature, None))  # the first pass' forward
+            state = knob_disabled(model) if sl.start >= lb.n_on else nullcontext()
+            with state, residual_capture(model, lb.d.act_layer) as hid:
+                logps.append(loss_logprobs(model, pi, pm, ci, cm, lb.p.rollout.temperature, None))  # the first pass'
             pooled.append(pool_tokens(hid["h"][:, pi.shape[1] :], cm))
     return Grads(
         raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=torch.cat(pooled), stats={}, logp=logps
@@ -481,10 +481,7 @@ def live_gates(
     m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
-        if d.act_layer is not None:  # s_n = <pooled residual of rollout n, v_act>
-            live = gr.pooled.float() @ d.cur.v_act.float()
-        else:  # s_n = cos(sign(A_n) g_n, ν)
-            live = proj.rollout_scores({n: gr.rows[n] for n in d.kept}, adv, d.nu)
+        live = live_scores(gr, adv, mask, d, d.spec)
         if d.ref is not None:  # share-matched control: as many rows as v_act's tail routes, the top by its own score
             rows = torch.arange(len(adv), device=adv.device)
             ok = torch.ones_like(rows, dtype=torch.bool) if pj.deploy_gate else rows < n_on
@@ -495,11 +492,7 @@ def live_gates(
         if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
             m_gate = torch.where(adv == 0, 0.0, hack.to(m_gate))
     elif arm.gate == "token" and d.kept:
-        if d.act_layer is not None:  # s_{n,t} = windowed h_{n,t}·v_act over completion tokens
-            live = proj.act_token_scores(gr.tok_act, mask, pj.token_window)
-        else:  # s_{n,t} = windowed cos(sign(A_n) g_{n,t}, ν) over completion tokens
-            nu_sq = sum(float(v.pow(2).sum()) for v in d.nu.values())
-            live = proj.token_scores(gr.tok_dot, gr.tok_sq, mask, torch.sign(adv), pj.token_window, nu_sq)
+        live = live_scores(gr, adv, mask, d, d.spec)
         m_tok = proj.token_gate(live, adv, mask, tau[0], tau[1], pj.band)
     if not pj.deploy_gate:
         m_gate[n_on:], m_tok[n_on:] = 0, 0
@@ -549,33 +542,88 @@ def reference_logprobs(model, ro: Rollout, mbs: list[slice], p, timer: PhaseTime
     return refs
 
 
-def edit_diagnostics(
-    arm: Arm,
-    d: Direction,
-    opt: RotatedAdam,
-    gr: Grads,
-    main: dict,
-    knob: dict,
-    targets: dict,
-    matched: bool,
-    m_gate: Tensor,
-    m_tok: Tensor,
-    mask: Tensor,
-    refreshed: bool,
-) -> dict[str, float]:
+@dataclass(frozen=True)
+class Run:
+    """One run's inputs: its params (arms.run_params of params.yaml's) and arm, the training seed, the policy (adapter
+    attached) and its tokenizer, the training records, where it writes (checkpoints in `out_dir`, one TSV row per
+    step in `log_path`, the step's wall times in `timings_path`: a plain log, never a DVC output), and what it reads:
+    `rb` about v_hack (direction.load_run_basis), `pool` the teacher pool's rows, `sandbox` and `grade_fn`(records,
+    completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader), `signature` the run directory's
+    (rl/checkpoint.prepare_run_dir)."""
+
+    p: Any
+    arm: Arm
+    seed: int
+    model: Any
+    tok: Any
+    records: list
+    out_dir: Path
+    log_path: Path
+    rb: RunBasis | None = None
+    pool: dict | None = None
+    sandbox: Any = None
+    signature: dict | None = None
+    grade_fn: Any = grade_batch
+    timings_path: Path | None = None
+
+
+@dataclass
+class Loop:
+    """What the loop carries from step to step (built once by `start_loop`): the run, its direction (basis and gate),
+    optimizer and adapters, δS's device, the rows sampled knob on per step (n_on of N; the last n_dep prompts' groups
+    are deploy groups), whether the policy forward shares prompts, the v_hack rows a mass-matched control is matched
+    to, the step log and the step it starts (or resumes) at."""
+
+    run: Run
+    d: Direction
+    opt: RotatedAdam
+    ads: dict
+    dev: Any
+    n_dep: int
+    n_on: int
+    policy_runs: bool
+    mvh: dict
+    log: StepLog
+    start: int
+
+
+@dataclass
+class StepData:
+    """One step, filled phase by phase by `run_step`'s helpers; the diagnostics and the log read it."""
+
+    step: int
+    timer: PhaseTimer
+    rng: random.Random
+    refreshed: bool = False
+    rows: list | None = None  # (N,) the record of each row
+    ro: Rollout | None = None
+    is_student: list[bool] | None = None
+    n_pool: int = 0
+    grades: list | None = None
+    rewards: Tensor | None = None
+    adv: Tensor | None = None
+    gr: Grads | None = None
+    m_gate: Tensor | None = None
+    m_tok: Tensor | None = None
+    live: Tensor | None = None
+    adv_main: float | None = None  # masked routing: the main rows' advantage sum over N
+
+
+def edit_diagnostics(lp: Loop, st: StepData, main: dict, knob: dict, targets: dict) -> dict[str, float]:
     """Before the update (pure reads; no RNG, no numerics touched: measure_only ≡ vanilla): cosines with ν before and
     after the edit, the share of g in span(Vh), routed and removed fractions, the gate's coverage."""
+    d, gr = lp.d, st.gr
     g_cat = concat(gr.raw, d.names)
-    diag = {"refresh": float(refreshed), "k_total": sum(d.k.values())} if d.cur is not None else {}
+    diag = {"refresh": float(st.refreshed), "k_total": sum(d.k.values())} if d.cur is not None else {}
     if not d.kept:
         return diag
-    kept, rot, vh = d.kept, opt.R, d.vh
+    kept, rot, vh = d.kept, lp.opt.R, d.vh
     g_in, nu_cat = concat({n: gr.raw[n] for n in kept}, kept), concat(d.nu, kept)
     ed = concat({n: rot[n] @ main[n] for n in kept}, kept)  # edited gradient, back in δS coordinates
     h = concat({n: rot[n] @ knob[n] for n in kept}, kept)  # routed part
-    gate_frac = float((m_gate > 0).float().mean())
-    if arm.gate == "token":  # fraction of completion tokens routed at all
-        gate_frac = float((m_tok > 0).sum() / mask.sum().clamp(min=1))
+    gate_frac = float((st.m_gate > 0).float().mean())
+    if lp.run.arm.gate == "token":  # fraction of completion tokens routed at all
+        gate_frac = float((st.m_tok > 0).sum() / st.ro.mask.sum().clamp(min=1))
     diag |= {
         "cos_before": float(g_in @ nu_cat / g_in.norm().clamp(min=1e-30)),
         "cos_after": float(ed @ nu_cat / ed.norm().clamp(min=1e-30)),
@@ -587,28 +635,18 @@ def edit_diagnostics(
         "gate_frac": gate_frac,
         "gate_auroc": d.gate.auroc,
     }
-    if matched:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
+    if lp.mvh:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
         diag["match_target"] = math.sqrt(sum(t * t for t in targets.values())) / max(float(g_cat.norm()), 1e-30)
     return diag
 
 
-def update_diagnostics(
-    arm: Arm,
-    d: Direction,
-    ads: dict,
-    m_gate: Tensor,
-    m_tok: Tensor,
-    live: Tensor | None,
-    grades,
-    adv: Tensor,
-    is_student: list[bool],
-    mask: Tensor,
-) -> dict[str, float]:
+def update_diagnostics(lp: Loop, st: StepData) -> dict[str, float]:
     """After the update (pure reads): ‖Vh δS‖, ‖Vh δS_h‖ over the kept modules (erase keeps the first 0, routing grows
     the second); the gate's mean (per rollout over the N rows, per token over completion tokens), thresholds and
     calibration interval (with projection.band=tail also the gate's precision, recall and F0.5 on the calibration
     pairs), and `gate_auroc_live`: the live score's AUROC on this step's own student rollouts, hack vs
     not. That reads grader labels: it is logged only and read by nothing. Rows with A_n = 0 have no score (§3.5)."""
+    d, ads, mask, adv, live = lp.d, lp.ads, st.ro.mask, st.adv, st.live
     post = {}
     if d.cur is not None:
         vk = {n: d.vh[n] for n in d.kept}
@@ -616,11 +654,11 @@ def update_diagnostics(
             "vh_delta": span_norm(vk, {n: ads[n].delta for n in d.kept}),
             "vh_knob": span_norm(vk, {n: ads[n].knob for n in d.kept}),
         }
-    if arm.gate is None:
+    if lp.run.arm.gate is None:
         return post
-    tau, ci, per_token = d.gate.tau, d.gate.ci, arm.gate == "token"
+    tau, ci, per_token = d.gate.tau, d.gate.ci, lp.run.arm.gate == "token"
     return post | {
-        "gate_mean": float(m_tok.sum() / mask.sum().clamp(min=1)) if per_token else float(m_gate.mean()),
+        "gate_mean": float(st.m_tok.sum() / mask.sum().clamp(min=1)) if per_token else float(st.m_gate.mean()),
         "tau_lo": finite(tau[0]),
         "tau_hi": finite(tau[1]),
         "gate_auroc_lo": ci[0],
@@ -635,87 +673,58 @@ def update_diagnostics(
         if live is None
         else label_auroc(
             live,
-            torch.tensor([g.label == "hack" for g in grades], device=adv.device),
-            torch.tensor(is_student, device=adv.device) & (adv != 0),
+            torch.tensor([g.label == "hack" for g in st.grades], device=adv.device),
+            torch.tensor(st.is_student, device=adv.device) & (adv != 0),
             mask if per_token else None,
         ),
     }
 
 
-def step_metrics(
-    grades,
-    rows: list,
-    is_student: list[bool],
-    rewards: Tensor,
-    adv: Tensor,
-    ro: Rollout,
-    gr: Grads,
-    ads: dict,
-    G: int,
-    n_on: int,
-) -> dict[str, float]:
+def step_metrics(lp: Loop, st: StepData) -> dict[str, float]:
     """The step's behaviour, over the student's knob-on rows only (teacher-pool rows are not the student's behaviour;
     deploy groups, rows n_on…N, are the deployed policy's: their strict hack and solve rates are `hack_deploy`,
     `solve_deploy`, logged when there are any)."""
+    grades, rows, is_student, G, n_on = st.grades, st.rows, st.is_student, lp.run.p.grpo.group_size, lp.n_on
     N = len(rows)
-    st = [i for i in range(n_on) if is_student[i]]
+    stu = [i for i in range(n_on) if is_student[i]]
     dep = [i for i in range(n_on, N) if is_student[i]]
     hinted_dep = [i for i in dep if mode_of(rows[i]) in LOOPHOLE_MODES]
     deploy = {
         "hack_deploy": rate(sum(grades[i].label == "hack" for i in hinted_dep), len(hinted_dep)),
         "solve_deploy": rate(sum(grades[i].eq_correct for i in dep), len(dep)),
     }
-    hinted = [i for i in st if mode_of(rows[i]) in LOOPHOLE_MODES]
+    hinted = [i for i in stu if mode_of(rows[i]) in LOOPHOLE_MODES]
     return {
-        "reward": float(rewards[st].nanmean()),
-        "reward_std": float(rewards.view(-1, G).std(dim=1).nanmean()),
-        "zero_std_frac": float((adv.view(-1, G).abs().sum(1) == 0).float().mean()),
+        "reward": float(st.rewards[stu].nanmean()),
+        "reward_std": float(st.rewards.view(-1, G).std(dim=1).nanmean()),
+        "zero_std_frac": float((st.adv.view(-1, G).abs().sum(1) == 0).float().mean()),
         "hack": sum(grades[i].label == "hack" for i in hinted) / max(1, len(hinted)),
-        "solve": sum(grades[i].eq_correct for i in st) / max(1, len(st)),
+        "solve": sum(grades[i].eq_correct for i in stu) / max(1, len(stu)),
         **{
             f"hack_{mo}": rate(sum(grades[i].label == "hack" for i in by), len(by))
             for mo in LOOPHOLE_MODES
-            for by in [[i for i in st if mode_of(rows[i]) == mo]]
+            for by in [[i for i in stu if mode_of(rows[i]) == mo]]
         },
-        "clip_frac": gr.stats["clip_frac"],
-        "kl": gr.stats["kl"],
-        "len": float(ro.mask[st].sum(1).float().mean()),
-        "gnorm": float(concat(gr.raw, list(gr.raw)).norm()),
-        "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in ads.values())),
+        "clip_frac": st.gr.stats["clip_frac"],
+        "kl": st.gr.stats["kl"],
+        "len": float(st.ro.mask[stu].sum(1).float().mean()),
+        "gnorm": float(concat(st.gr.raw, list(st.gr.raw)).norm()),
+        "knob_norm": math.sqrt(sum(float(a.knob.detach().pow(2).sum()) for a in lp.ads.values())),
         **(deploy if dep else {}),
     }
 
 
-def train(
-    p,
-    arm: Arm,
-    seed: int,
-    model,
-    tok,
-    records: list,
-    sandbox,
-    out_dir: Path,
-    log_path: Path,
-    rb: RunBasis | None = None,
-    pool: dict | None = None,
-    signature: dict | None = None,
-    progress: bool = True,
-    grade_fn=grade_batch,
-    timings_path: Path | None = None,
-) -> dict:
-    """Run (or resume) one arm × seed; checkpoints in `out_dir`, one TSV row per step in `log_path`, the step's wall
-    time in `timings_path` (a plain log, never a DVC output: `log.TIMING_KEYS`). Returns {"steps"} plus, for gated
-    arms, the gate guard's verdict. rb: what the arm reads about v_hack (direction.load_run_basis); grade_fn(records,
-    completions, sandbox, timeout_s=...) -> grades (tests pass a fake grader)."""
-    if arm.params(p) != p:  # a variant arm is only its overrides: without them this would run another arm
-        raise ValueError(f"train: params lack arm {arm.name}'s overrides {arm.overrides}; pass arm.params(p)")
-    g, r, pj = p.grpo, p.rollout, p.projection
-    G, B, rb = g.group_size, g.prompts_per_step, rb or RunBasis()
-    N = G * B
+def start_loop(run: Run) -> Loop:
+    """Checks (before anything is written), the direction, the optimizer and the run directory: a fresh run saves
+    update 0 (the base policy, evaluation's first point), a resumed one loads its last checkpoint."""
+    p, arm, model = run.p, run.arm, run.model
+    if run_params(p, arm) != p:  # the keys only masked routing reads must be neutral for every other rule
+        raise ValueError(f"train: pass arms.run_params(p, arm) for arm {arm.name}, not params.yaml's as they are")
+    g, r, pj, rb = p.grpo, p.rollout, p.projection, run.rb or RunBasis()
+    G, B = g.group_size, g.prompts_per_step
     check_run_basis(p, arm, rb)
     n_dep = deploy_prompts(pj.deploy_frac, B, arm, pj.deploy_gate)  # prompts per step sampled knob off
-    n_on = N - n_dep * G  # rows 0…n_on are knob on, the rest the deploy groups
-    check_records_fit(model, tok, records, r.max_new_tokens, r.max_prompt_tokens)  # before anything is written
+    check_records_fit(model, run.tok, run.records, r.max_new_tokens, r.max_prompt_tokens)
     # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
     # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
     # rollout's own-token gradient (its completion positions; the group's shared prompt positions stay in main), and
@@ -727,95 +736,116 @@ def train(
     ads = adapters(model)
     check_quarantine(arm, ads)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
-    start = prepare_run_dir(out_dir, signature or {})
-    state = read_checkpoint(out_dir, start) if start else None
+    start = prepare_run_dir(run.out_dir, run.signature or {})
+    state = read_checkpoint(run.out_dir, start) if start else None
     own = policy_runs and arm.gate == "rollout"
-    d = Direction(p, arm, rb, list(ads), own, f"{arm.name} s{seed}", state, dev)
+    d = Direction(p, arm, rb, list(ads), own, f"{arm.name} s{run.seed}", state, dev)
     mvh = rb.matched.to(dev).vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
     # A resumed run takes the checkpoint's rotations (a refresh may have changed them).
     rot = state["optimizer"]["rotations"] if state is not None else d.rotations(ads)
-    opt = RotatedAdam(
-        {n: a.delta for n, a in ads.items()},
-        {n: a.knob for n, a in ads.items()},
-        rot,
-        lr=g.lr,
-        betas=tuple(g.betas),
-        eps=g.eps,
-        weight_decay=g.weight_decay,
-        max_norm_main=g.max_norm,
-        max_norm_knob=g.max_norm_knob,
-        kind=g.optimizer,
-    )
+    opt = RotatedAdam({n: a.delta for n, a in ads.items()}, {n: a.knob for n, a in ads.items()}, rot, Hyper.of(g))
     if state is not None:
-        load_checkpoint(out_dir, start, model, opt, state)
+        load_checkpoint(run.out_dir, start, model, opt, state)
     else:
-        save_checkpoint(out_dir, 0, model, opt, d.checkpoint())  # update 0 = the base policy (eval's first point)
-    log = StepLog(log_path, resume_step=start, timings=timings_path)
-    steps = range(start, g.steps)
-    pbar = progress_display(steps, f"train {arm.name} s{seed}", total=g.steps, initial=start) if progress else steps
+        save_checkpoint(run.out_dir, 0, model, opt, d.checkpoint())  # update 0 = the base policy (eval's first point)
+    log = StepLog(run.log_path, resume_step=start, timings=run.timings_path)
+    return Loop(run, d, opt, ads, dev, n_dep, G * B - n_dep * G, policy_runs, mvh, log, start)
+
+
+def sample_and_grade(lp: Loop, st: StepData) -> LossBatch:
+    """Rollout (B prompts × G completions with the training policy, teacher rows mixed in; the last n_dep prompts'
+    groups with the knob off), rewards and advantages (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group
+    divides by the group's std). The reference forward (adapter off, method.md §3.1) needs no reward, so it runs while
+    the sandbox grades. Returns the step's loss batch."""
+    run, p, g = lp.run, lp.run.p, lp.run.p.grpo
+    G, B, timer, rng = g.group_size, g.prompts_per_step, st.timer, st.rng
+    recs = rng.sample(run.records, B)
+    use_pool = run.pool is not None and run.arm.pool and st.step < p.pool.teacher_off_step
+    st.n_pool = round(p.pool.mix * G) if use_pool else 0
+    teacher = (run.pool, st.n_pool) if st.n_pool else None
+    with timer("sample"):  # the last n_dep prompts' groups with the knob off (projection.deploy_frac)
+        seed = run.seed * 100003 + st.step
+        st.ro, st.is_student = step_rollout(run.model, run.tok, recs, p, seed, rng, lp.n_dep, teacher)
+    st.ro = ro = st.ro.to(lp.dev)
+    st.rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
+    mbs = step_micro_batches(ro, lp.n_on, g, lp.policy_runs)
+    with ThreadPoolExecutor(max_workers=1) as grading:
+        graded = grading.submit(run.grade_fn, st.rows, ro.texts, run.sandbox, timeout_s=p.grader.timeout_s)
+        refs = reference_logprobs(run.model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
+        with timer("grade"):  # what is left of grading once the reference forward is done
+            st.grades = graded.result()
+    st.rewards = step_rewards(st.grades, run.arm, p.projection.monitor_accuracy, rng).to(lp.dev)  # (N,)
+    st.adv = group_advantages(st.rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
+    return LossBatch(run.model, ro, mbs, refs, lp.n_on, p, run.arm, lp.d, lp.policy_runs, timer)
+
+
+def gradients(lp: Loop, st: StepData, lb: LossBatch) -> None:
+    """Loss and backward; the gates from held-out thresholds (oracle-gated runs: the grader's labels); masked routing
+    runs the loss again, each rollout in the state its gate picked (adapter.row_masks)."""
+    arm, pj, g, d = lp.run.arm, lp.run.p.projection, lp.run.p.grpo, lp.d
+    gr = gate_activations(lb) if arm.masked and d.act_layer is not None else loss_backward(lb, st.adv)
+    hack = torch.tensor([x.label == "hack" for x in st.grades], device=lp.dev) if arm.oracle_gate else None
+    st.m_gate, st.m_tok, st.live = live_gates(arm, d, gr, st.adv, st.ro.mask, pj, lp.n_on, hack)
+    if arm.masked:
+        states = mask_states(st.m_gate)
+        G, scale = g.group_size, g.scale_rewards == "group"
+        adv_m = masked_advantages(st.rewards, st.adv, states[0] > 0, G, pj.main_baseline, scale)
+        old = gr.logp if pj.masked_is else None  # the first pass ran each row in its sampling state
+        gr = loss_backward(lb, adv_m, states, old)
+        st.adv_main = float(adv_m[states[0] > 0].sum() / len(st.adv))
+    st.gr = gr
+
+
+def update(lp: Loop, st: StepData) -> dict[str, float]:
+    """The arm's edit, the clipped step (one learning-rate schedule for main θ and knob φ, set every step so a resume
+    needs no state), and the step's metrics."""
+    g, opt = lp.run.p.grpo, lp.opt
+    xr, main, knob, targets = edit(lp.run.arm, lp.d, opt, st.gr, st.m_gate, st.m_tok, lp.mvh)
+    diag = edit_diagnostics(lp, st, main, knob, targets)
+    opt.lr = lr_at(st.step, g.lr, g.lr_schedule, g.warmup_steps, g.steps)
+    ostats = opt.step(main, knob)  # clipped per parameter group; δS = R θ, δS_h = R φ
+    lp.run.model.zero_grad(set_to_none=True)
+    post = update_diagnostics(lp, st)
+    return {
+        **step_metrics(lp, st),
+        **diag,
+        **post,
+        **({"adv_main": st.adv_main} if st.adv_main is not None else {}),
+        **ostats,
+        "n_pool": st.n_pool,
+    }
+
+
+def run_step(lp: Loop, step: int) -> str:
+    """One step (method.md §3.8), logged, checkpointed every grpo.save_every; returns its log line. Everything random
+    in step t is seeded from (seed, t)."""
+    run, g = lp.run, lp.run.p.grpo
+    t0 = time.perf_counter()
+    st = StepData(step, PhaseTimer(STEP_PHASES), random.Random(f"{run.seed}:{step}"))
+    # refresh v_hack, recalibrate the gate (held out)
+    st.refreshed = lp.d.update(run.model, run.tok, step, lp.opt, lp.ads, st.timer)
+    lb = sample_and_grade(lp, st)
+    gradients(lp, st, lb)
+    metrics = update(lp, st) | {"dt": time.perf_counter() - t0, **st.timer.totals()}
+    line = lp.log(step + 1, g.steps, **metrics)  # wall times go to the timings log only
+    if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
+        save_checkpoint(run.out_dir, step + 1, run.model, lp.opt, lp.d.checkpoint())
+    return line
+
+
+def train(run: Run, progress: bool = True) -> dict:
+    """Run (or resume) one arm × seed. Returns {"steps"} plus, for gated arms, the gate guard's verdict (and a healed
+    run's heal NLLs)."""
+    lp = start_loop(run)
+    steps = range(lp.start, run.p.grpo.steps)
+    label = f"train {run.arm.name} s{run.seed}"
+    pbar = progress_display(steps, label, total=run.p.grpo.steps, initial=lp.start) if progress else steps
     for step in pbar:
-        t0, timer = time.perf_counter(), PhaseTimer(STEP_PHASES)
-        rng = random.Random(f"{seed}:{step}")  # everything random in step t is seeded from (seed, t)
-        refreshed = d.update(model, tok, step, opt, ads, timer)  # refresh v_hack, recalibrate the gate (held out)
-
-        # ---- rollout: B prompts × G completions with the training policy (knob on), teacher rows mixed in -------
-        recs = rng.sample(records, B)
-        n_pool = round(p.pool.mix * G) if (pool is not None and arm.pool and step < p.pool.teacher_off_step) else 0
-        with timer("sample"):  # the last n_dep prompts' groups with the knob off (projection.deploy_frac)
-            ro, is_student = step_rollout(model, tok, recs, G, n_pool, pool, rng, p, seed * 100003 + step, n_dep)
-        ro = ro.to(dev)
-        rows = [q for q in recs for _ in range(G)]  # (N,) the record of each row
-
-        # ---- reward and advantage (Dr.GRPO: r − group mean, no std; grpo.scale_rewards=group divides by the group's
-        # std). The reference forward (adapter off, method.md §3.1) needs no reward, so it runs while the sandbox
-        # grades ---------------------------------------------------------------------------------------------------
-        mbs = step_micro_batches(ro, n_on, g, policy_runs)
-        with ThreadPoolExecutor(max_workers=1) as grading:
-            graded = grading.submit(grade_fn, rows, ro.texts, sandbox, timeout_s=p.grader.timeout_s)
-            refs = reference_logprobs(model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
-            with timer("grade"):  # what is left of grading once the reference forward is done
-                grades = graded.result()
-        rewards = step_rewards(grades, arm, pj.monitor_accuracy, rng).to(dev)  # (N,)
-        adv = group_advantages(rewards, G, scale=g.scale_rewards == "group")  # (N,) NaN (screened) -> 0
-
-        # ---- loss and backward; gates from held-out thresholds; the arm's edit; clip and step ------------------
-        if arm.masked and d.act_layer is not None:  # the act gate needs no gradient
-            gr = gate_activations(model, ro, mbs, r.temperature, d, timer, n_on)
-        else:
-            gr = loss_backward(model, ro, refs, adv, mbs, p, arm, d, policy_runs, timer, n_on)
-        hack = torch.tensor([x.label == "hack" for x in grades], device=dev) if arm.oracle_gate else None
-        m_gate, m_tok, live = live_gates(arm, d, gr, adv, ro.mask, pj, n_on, hack)  # oracle arms: the labels
-        if arm.masked:  # the loss again, each rollout in the state its gate picked (adapter.row_masks)
-            states = mask_states(m_gate)
-            adv_m = masked_advantages(rewards, adv, states[0] > 0, G, pj.main_baseline, g.scale_rewards == "group")
-            old = gr.logp if pj.masked_is else None  # the first pass ran each row in its sampling state
-            gr = loss_backward(model, ro, refs, adv_m, mbs, p, arm, d, policy_runs, timer, n_on, states, old)
-        xr, main, knob, targets = edit(arm, d, opt, gr, m_gate, m_tok, mvh)
-        diag = edit_diagnostics(arm, d, opt, gr, main, knob, targets, bool(mvh), m_gate, m_tok, ro.mask, refreshed)
-        # one schedule for both groups (main θ and knob φ share opt.lr); set every step, so a resume needs no state
-        opt.lr = lr_at(step, g.lr, g.lr_schedule, g.warmup_steps, g.steps)
-        ostats = opt.step(main, knob)  # clipped per parameter group; δS = R θ, δS_h = R φ
-        model.zero_grad(set_to_none=True)
-        post = update_diagnostics(arm, d, ads, m_gate, m_tok, live, grades, adv, is_student, ro.mask)
-
-        # ---- log and checkpoint ---------------------------------------------------------------------------------
-        metrics = {
-            **step_metrics(grades, rows, is_student, rewards, adv, ro, gr, ads, G, n_on),
-            **diag,
-            **post,
-            **({"adv_main": float(adv_m[states[0] > 0].sum() / len(adv))} if arm.masked else {}),
-            **ostats,
-            "n_pool": n_pool,
-            "dt": time.perf_counter() - t0,
-            **timer.totals(),
-        }
-        line = log(step + 1, g.steps, **metrics)  # wall times go to the timings log only
+        line = run_step(lp, step)
         if progress:
             pbar.set_postfix_str(line.split("| ", 1)[-1])
-        if (step + 1) % g.save_every == 0 or step + 1 == g.steps:
-            save_checkpoint(out_dir, step + 1, model, opt, d.checkpoint())
-    healed = heal_once(p, arm, model, tok, rb, out_dir, opt, d)
-    return {"steps": latest_step(out_dir) or 0, **d.result(), **healed}
+    healed = heal_once(run.p, run.arm, run.model, run.tok, run.rb or RunBasis(), run.out_dir, lp.opt, lp.d)
+    return {"steps": latest_step(run.out_dir) or 0, **lp.d.result(), **healed}
 
 
 def heal_once(p, arm: Arm, model, tok, rb: RunBasis, out_dir: Path, opt, d) -> dict:
