@@ -46,7 +46,7 @@ def main(
     p = run_params(raw, a)  # params.yaml's, the keys only masked routing reads neutral for other rules
     torch.set_num_threads(p.grpo.threads)
     torch.manual_seed(seed)
-    rb = load_run_basis(p, a, basis, pairsets, problems)  # before the model: a missing option fails fast
+    rb = load_run_basis(p, a, basis, pairsets, problems, seed)  # before the model: a missing option fails fast
     model, tok = load_policy(p, organism)
     records = load_problems_parquet(problems / "train.parquet")
     rows = load_pool(pool / "pool.parquet") if p.pool.mix > 0 else None  # the teacher pool's rows

@@ -121,8 +121,9 @@ def test_what_each_rule_is(rule):
     can be rescaled, share matching for per-rollout-gated controls (direction.share_matched adds the act tail)."""
     a, c = make(rule, rule), make(rule, rule, "random")
     routes = rule.startswith("route")
-    assert a.gate == c.gate == GATE_OF.get(rule) and (a.gate is None or routes)
-    assert a.family == c.family == (ROUTE if routes else ERASE)
+    assert a.gate == c.gate == GATE_OF.get(rule) and (a.gate is None or routes or a.screens)
+    assert a.family == c.family == (ROUTE if routes or a.screens else ERASE)
+    assert a.screens == (rule == "screen")
     assert a.routes == routes and a.knob_states == (("deploy", "knob_on") if routes else ("deploy",))
     assert a.masked == (rule == "route_masked")
     assert not a.mass_matched and c.mass_matched == (rule not in NOT_MASS_MATCHABLE)
@@ -140,7 +141,7 @@ def test_run_params_neutralises_the_masked_only_keys_for_other_rules():
     neutral = with_overrides(p, tuple(MASKED_ONLY.items()))
     for v in VARIANTS:
         assert run_params(p, make("route", "route_masked", v)) is p
-    others = [make(r, r, v) for r in RULES if r != "route_masked" for v in ("", "random")]
+    others = [make(r, r, v) for r in RULES if r not in ("route_masked", "screen") for v in ("", "random")]
     others += [make("m", "measure_only")] + [make(n, "vanilla", basis=False, **e) for n, (e, _) in REFS.items()]
     others += [make("rpr", "route_per_rollout", "oracle_gate"), make("e", "erase_one_sided", "oracle_basis")]
     for a in others:
@@ -149,6 +150,10 @@ def test_run_params_neutralises_the_masked_only_keys_for_other_rules():
         assert {k: get(q, k) for k in MASKED_ONLY} == MASKED_ONLY
     assert (neutral.basis.space, neutral.projection.deploy_frac) == (p.basis.space, p.projection.deploy_frac)
     assert run_params(Params(), make("e", "erase_one_sided")) == Params()  # the neutral params: nothing to change
+    for v in ("", "random"):  # screening drops the gated rows from the update masked routing's main gets
+        q = run_params(p, make("screen", "screen", v))
+        assert q.projection.main_baseline == p.projection.main_baseline == "main_rows"
+        assert q == with_overrides(neutral, (("projection.main_baseline", "main_rows"),))
 
 
 def bad(p: Params, match: str) -> None:
@@ -232,8 +237,10 @@ def test_matrix_order():
         "measure_only",
         "erase",
         "route",
+        "screen",
         "erase+random",
         "route+random",
+        "screen+random",
         "route+oracle_gate",
         "route+oracle_basis",
         "route+oracle_basis+random",

@@ -72,6 +72,7 @@ SPECS: dict[str, Arm] = {
         make("route_mr", "route_masked", "oracle_gate"),
         make("route", "route_masked", "oracle_basis"),
         make("route", "route_masked", "oracle_basis+random"),
+        make("screen", "screen"),
     )
 }
 

@@ -36,7 +36,7 @@ def test_per_seed_rows_golden_values():
     assert set(rows) == {(a, str(s)) for a in ("route", RANDOM, ORACLE) for s in (41, 42, 43)}  # routed arms only
     assert rows[("route", "41")] == [
         "route", "candidate", "41", "20.0", "25.0", "100.0", "-30.0", "0.0", "55.0 / 25.0 / 100.0", "1.23", "—",
-        "—",
+        "—", "—",
     ]  # fmt: skip
     assert rows[("route", "42")][5] == "85.0" and rows[("route", "42")][9] == "—"
     assert rows[(ORACLE, "43")][1:8] == ["oracle", "43", "0.0", "10.0", "100.0", "-50.0", "-15.0"]
@@ -52,14 +52,15 @@ def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
     (step 2's 0.5 against a median of 0.016); the logs among the sources."""
     log = tmp_path / "route-s41.tsv"
     log.write_text(
-        "step\tkl\tgate_frac\tgate_mean\tgate_auroc_live\tgrad_norm_main\n"
-        "1\t0.1\t0.75\t0.5\tnan\t0.012\n2\t2.5\t0.25\t0.3\t0.6\t0.5\n3\tnan\t0.5\t0.4\t0.4\t0.02\n"
-        "4\t0.2\tnan\tnan\tnan\t0.01\n"
+        "step\tkl\tgate_frac\tgate_mean\tgate_auroc_live\tgrad_norm_main\tdrop_frac\tdrop_pool_frac\tmain_gnorm\n"
+        "1\t0.1\t0.75\t0.5\tnan\t0.012\t0.5\t0.25\t0.2\n2\t2.5\t0.25\t0.3\t0.6\t0.5\t0.25\tnan\t0.4\n"
+        "3\tnan\t0.5\t0.4\t0.4\t0.02\t0.0\tnan\t0.3\n4\t0.2\tnan\tnan\tnan\t0.01\tnan\tnan\tnan\n"
     )
     g = R.train_log(log)
     assert g == {
         "gate_frac": 0.5, "gate_mean": pytest.approx(0.4), "gate_auroc_live": 0.5, "kl_spikes": pytest.approx(1 / 3),
-        "kl_max": 2.5, "grad_spikes": 1, "source": str(log),
+        "kl_max": 2.5, "grad_spikes": 1, "drop_frac": 0.25, "drop_pool_frac": 0.25, "main_gnorm": pytest.approx(0.3),
+        "source": str(log),
     }  # fmt: skip
     base = {}
     for s, kls in ((41, "0.1\n2\t0.2\n3\t1.5\n4\t0.3"), (42, "0.1\n2\t0.2\n3\t0.4\n4\t0.3")):
@@ -71,8 +72,8 @@ def test_gate_and_kl_over_training_from_the_train_log(tmp_path):
     assert R.train_log(bare) == {}
     md = render(runs(), ORDER, {}, "", logs={("route", 41): g} | base)
     rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
-    assert rows[("route", "41")][10:] == ["50.0 / 0.40 / 0.50", "33.3 / 2.5 / 1"]
-    assert rows[("route", "42")][10:] == ["—", "—"]  # not logged
+    assert rows[("route", "41")][10:] == ["50.0 / 0.40 / 0.50", "25.0 / 25.0 / 0.300", "33.3 / 2.5 / 1"]
+    assert rows[("route", "42")][10:] == ["—", "—", "—"]  # not logged
     assert "measure_only's: 0.0–25.0% of steps, max 1.5." in md
     (tmp_path / "m43.tsv").write_text("step\tkl\tgrad_norm_main\n1\t0.1\t0.01\n2\t0.2\t0.01\n3\t0.3\t0.5\n")
     base[("measure_only", 43)] = R.train_log(tmp_path / "m43.tsv")  # one step at 50x the median
@@ -210,3 +211,19 @@ def test_routed_and_oracle_gated_come_from_the_specs():
     assert set(per_arm) == {"route", RANDOM, "route (oracle basis)"}
     assert per_arm["route (oracle basis)"][1] == "oracle" and per_arm["route (oracle basis)"][9] == "— (never wins)"
     assert "No oracle-gated arm was evaluated" in md and "Oracle-gated arms" not in md
+
+
+def test_screening_sits_beside_the_routed_arms():
+    """screen (the same gate, its rows dropped, no knob) is in the per-seed table beside route, with no knob-on
+    column, so route and its screening baseline read side by side."""
+    spec = {}
+    for s in (41, 42, 43):
+        spec[("measure_only", s)] = {"deploy": tally(5, 60, 1)}
+        spec[("route", s)] = {"deploy": tally(5, 24, 0), "knob_on": tally(5, 66, 1)}
+        spec[("screen", s)] = {"deploy": tally(5, 30, 0)}
+        spec[("vanilla_no_pool", s)] = {"deploy": tally(5, 60, 1)}
+    md = render(runs_from(spec), ["measure_only", "route", "screen", "vanilla_no_pool"], {}, "")
+    rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
+    assert {a for a, _ in rows} == {"route", "screen"}  # routed or screening; a plain baseline is not
+    assert rows[("screen", "41")][8] == "—" and rows[("route", "41")][8] != "—"  # knob on: route only
+

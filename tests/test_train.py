@@ -53,6 +53,8 @@ from projected_grpo.method.direction import (
     RunBasis,
     act_seed,
     check_run_basis,
+    control_basis,
+    control_seed,
     mass_matched,
     refresh_basis,
     share_matched,
@@ -529,6 +531,9 @@ NO_CHEAT = ROUTING + [
     ("route_masked", "bundle=act"),
     ("route_masked", "bundle=mr_q"),
     ("route_masked", "bundle=is"),
+    ("screen", ""),
+    ("screen+random", "act"),
+    ("route_masked+random", "bundle=act_mr_is_deploy_gate_q"),
 ]
 
 
@@ -718,7 +723,8 @@ def test_share_matched_control_routes_v_acts_count_and_picks_by_its_own_score(wo
     same batch (rows with A != 0, deploy rows excluded without deploy_gate), and those rows are the top ones by its own
     random direction's score: with its own threshold it would route none here. It needs v_act (one-line error)."""
     arm, p = spec(SHARED), masked("act_mr_is_tail")
-    assert share_matched(p, arm) and not share_matched(masked("act_mr_is"), arm)  # the tail and the act gate
+    assert share_matched(p, arm) and share_matched(masked("act_mr_is"), arm)  # the act gate, whatever its band
+    assert not share_matched(masked("mr"), arm)  # a gradient-space gate: its own (the real ν is not loaded)
     assert not share_matched(p, spec("route_masked")) and not share_matched(p, spec("route_masked+oracle_gate"))
     own = random_act(world["act"], act_seed(0))
     rb = RunBasis(world["random"], act=own, cal=world["cal"], ref_act=world["act"])
@@ -739,6 +745,69 @@ def test_share_matched_control_routes_v_acts_count_and_picks_by_its_own_score(wo
     assert k > 0 and torch.equal(live, s)
     assert int(m.sum()) == k and torch.nonzero(m).flatten().tolist() == top
     assert not proj.band_gate(s, adv, *d.gate.tau, "tail").any()  # its own calibrated tail: nothing routed
+
+
+def test_removal_matched_control_takes_v_acts_gate_values_on_rows_it_picks(world):
+    """With the soft band (the default route's), the control's gates over the eligible rows are exactly v_act's gate
+    values on the same batch, re-assigned by its own score: as many rows at m = 1 (out of the main) and the same
+    partial gates, the largest value on its top-scored row; ineligible rows (A = 0, deploy rows) get 0."""
+    arm, p = spec(SHARED), masked("act_mr_is")
+    own = random_act(world["act"], act_seed(0))
+    rb = RunBasis(world["random"], act=own, cal=world["cal"], ref_act=world["act"])
+    d = Direction(p, arm, rb, list(world["random"].vh), False, "t")
+    N, n_on = 12, 8
+    pooled = torch.randn(N, world["act"].v_act.shape[0], generator=torch.Generator().manual_seed(7))
+    s, s_ref = pooled @ own.v_act, pooled @ world["act"].v_act
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.5] * 3)
+    lo, hi = float(s_ref.quantile(0.3)), float(s_ref.quantile(0.7))
+    d.state.gate.tau, d.state.ref_gate.tau = (float(s.max()) + 1,) * 2, (lo, hi)
+    gr = Grads(raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=pooled, stats={})
+    m, _, _ = live_gates(arm, d, gr, adv, torch.ones(N, 3), p.projection, n_on)
+    ok = (adv != 0) & (torch.arange(N) < n_on)
+    m_ref = proj.band_gate(s_ref, adv, lo, hi, "soft") * ok
+    assert 0 < int((m_ref == 1).sum()) and bool(((m_ref > 0) & (m_ref < 1)).any())  # both kinds present
+    assert sorted(m[ok].tolist()) == sorted(m_ref[ok].tolist()) and not m[~ok].any()
+    assert int((m == 1).sum()) == int((m_ref == 1).sum())
+    by_score = torch.argsort(torch.where(ok, s, -math.inf), descending=True)[: int(ok.sum())]
+    assert m[by_score].tolist() == sorted(m_ref[ok].tolist(), reverse=True)  # the largest on its top-scored row
+    assert not torch.equal(m, m_ref)  # its own picks
+
+
+def test_screen_drops_the_gated_rows_and_keeps_no_knob(world, tmp_path, monkeypatch):
+    """screen: the same gate as masked routing (its act gate here), then one loss pass whose advantages are 0 on the
+    gated rows (m = 1) and the main rows' own baseline elsewhere, as route's main trains; no knob moves. drop_frac
+    logs the share of rows at m = 1, drop_pool_frac the teacher-pool share among them."""
+    import projected_grpo.rl.train as T
+
+    gates, advs = [], []
+    live, lb = T.live_gates, T.loss_backward
+    monkeypatch.setattr(T, "live_gates", lambda *a, **k: gates.append(live(*a, **k)) or gates[-1])
+    monkeypatch.setattr(T, "loss_backward", lambda b, adv, *a: advs.append(adv.clone()) or lb(b, adv, *a))
+    p = masked("act_mr_is", tiny_params(projection={"f": 0.34}))
+    a = spec("screen")
+    assert a.gate == "rollout" and not a.routes and a.screens and arms.run_params(p, a) is not p
+    out = run(world, a, tmp_path, p=p)
+    assert len(advs) == len(gates) == p.grpo.steps  # the act gate's pass has no backward: one loss pass a step
+    cols = log_columns(tmp_path)
+    for t, ((m, _, _), adv) in enumerate(zip(gates, advs)):
+        assert not adv[m >= 1].any()
+        assert float(cols["drop_frac"][t]) == pytest.approx(float((m >= 1).float().mean()))
+    assert any(bool((m >= 1).any()) for m, _, _ in gates)  # the gate did drop rows
+    assert all(float(k.abs().max()) == 0 for _, k in out.values())  # no knob
+
+
+def test_a_controls_directions_are_drawn_per_training_seed(world):
+    """control_basis: Haar rows with the real basis' modules and k_m, orthonormal, ν a unit vector in their span;
+    another training seed draws other directions, the same seed the same ones."""
+    real = world["basis"]
+    b41, b42, again = (control_basis(real, control_seed(0, s)) for s in (41, 42, 41))
+    assert b41.vh.keys() == real.vh.keys() and b41.k == real.k
+    nu = torch.cat([b41.nu[n] for n in b41.vh])
+    assert float(nu.norm()) == pytest.approx(1.0, abs=1e-5)
+    for n, v in b41.vh.items():
+        torch.testing.assert_close(v @ v.T, torch.eye(v.shape[0]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(b41.nu[n], (b41.nu[n] @ v.T) @ v, atol=1e-6, rtol=0)  # in the span
+        assert torch.equal(v, again.vh[n]) and not torch.allclose(v, b42.vh[n])
 
 
 def test_share_matched_control_end_to_end(world, tmp_path):

@@ -623,6 +623,7 @@ DEFAULT_ARMS = {
     "measure_only": ArmEntry(edit="measure_only"),
     "erase": ArmEntry(edit="erase_one_sided"),
     "route": ArmEntry(edit="route_masked"),
+    "screen": ArmEntry(edit="screen"),
 }
 
 
@@ -655,8 +656,8 @@ class Params:
     # random directions (controls), with the grader's label as their gate (oracle_gate) and on the oracle basis with
     # its random twin (arms_oracle_basis), and seeds. Checked against the table by arms.check_matrix (check_params).
     arms_ref: tuple[str, ...] = ("vanilla", "gt_only")
-    arms: tuple[str, ...] = ("measure_only", "erase", "route")
-    controls: tuple[str, ...] = ("erase", "route")
+    arms: tuple[str, ...] = ("measure_only", "erase", "route", "screen")
+    controls: tuple[str, ...] = ("erase", "route", "screen")
     oracle_gate: tuple[str, ...] = ()
     arms_oracle_basis: tuple[str, ...] = ()
     seeds: tuple[int, ...] = (41, 42, 43)

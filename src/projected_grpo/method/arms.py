@@ -37,15 +37,17 @@ GATE_OF = {
     "route_two_sided": "rollout",
     "route_full": "rollout",
     "route_masked": "rollout",
+    "screen": "rollout",
     "route_per_token": "token",
 }
 NO_EDIT = ("vanilla", "measure_only")  # the update unchanged (measure_only also logs the cosines)
 # Rules whose random control can be rescaled to move v_hack's mass (projection.random_match): per-token α along
 # v_hack is not captured; route_full moves whole rollouts (‖Σ_n m_n g_n‖ in any rotation, matched by construction);
-# route_masked routes whole rows through the forward.
-NOT_MASS_MATCHABLE = ("route_per_token", "route_full", "route_masked")
+# route_masked routes whole rows through the forward, and screen drops them (their controls are removal-matched).
+NOT_MASS_MATCHABLE = ("route_per_token", "route_full", "route_masked", "screen")
 ERASE, ROUTE = "Which gate? (erase rules)", "Which routing granularity?"
-# Keys only masked routing reads, with the value every other rule runs at (`run_params`).
+# Keys only masked routing reads, with the value every other rule runs at (`run_params`); screening by the gate reads
+# the main's baseline too (SCREEN_READS), so it drops the same rows from the same update as masked routing's main.
 MASKED_ONLY = {
     "adapter.quarantine": "shared",
     "projection.main_baseline": "group",
@@ -53,6 +55,7 @@ MASKED_ONLY = {
     "projection.masked_is_cap": None,
     "projection.deploy_gate": False,
 }
+SCREEN_READS = ("projection.main_baseline",)
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class Arm:
     @property
     def family(self) -> str | None:
         """The results.md comparison table the arm belongs to."""
-        return None if not self.edits else ROUTE if self.edit.startswith("route") else ERASE
+        return None if not self.edits else ERASE if self.edit.startswith("erase") or self.edit == "mirror" else ROUTE
 
     @property
     def mass_matched(self) -> bool:
@@ -119,9 +122,10 @@ class Arm:
 
     @property
     def share_matched(self) -> bool:
-        """A per-rollout control that, with an act tail gate (direction.share_matched), routes as many rollouts as
-        v_act's calibrated tail would on the same batch: a tail's routed share is not a property of the held-out
-        calibration, so a control with its own threshold would not be matched in what it routes."""
+        """A per-rollout control that, with an act gate (direction.share_matched), takes as many rows out of the
+        main, with the same gate values, as v_act's calibrated gate would on the same batch
+        (projection.removal_matched_gate): a gate's routed share is not a property of the held-out calibration, so a
+        control with its own threshold would not be matched in what it removes from the deployed model."""
         return self.random_dir and self.gate == "rollout"
 
     @property
@@ -133,6 +137,12 @@ class Arm:
     def routes(self) -> bool:
         """The update has a knob part: evaluation reads the knob on (as trained) and off (deployed)."""
         return self.edit.startswith("route")
+
+    @property
+    def screens(self) -> bool:
+        """Screening by the gate (edit `screen`): the gated rows' advantages are 0 (dropped from the update), no knob;
+        the simplest baseline that could explain masked routing's cut."""
+        return self.edit == "screen"
 
     @property
     def masked(self) -> bool:
@@ -190,7 +200,10 @@ def run_params(p, a: Arm):
     rule (MASKED_ONLY), so one params.yaml holds the routed arm's mechanics and the other arms' runs."""
     from projected_grpo.config import with_overrides
 
-    return p if a.masked else with_overrides(p, tuple(MASKED_ONLY.items()))
+    if a.masked:
+        return p
+    keep = SCREEN_READS if a.screens else ()
+    return with_overrides(p, tuple((k, v) for k, v in MASKED_ONLY.items() if k not in keep))
 
 
 def deploy_prompts(frac: float, B: int, arm: Arm, gated: bool = False) -> int:

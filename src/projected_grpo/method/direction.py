@@ -20,6 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from projected_grpo.env.problems import load_problems_parquet
@@ -33,6 +34,8 @@ from projected_grpo.method.basis import (
     held_out_batch,
     pooled_activations,
     random_act,
+    random_directions,
+    scoring_direction,
 )
 from projected_grpo.method.gate import GateSpec, GateState, HeldOutPairs
 from projected_grpo.method.pairs import ORACLE_PAIRS, Pair, load_pairset, pair_records, pairset_path, select_pairs
@@ -76,9 +79,27 @@ def mass_matched(p, arm: Arm) -> bool:
 
 
 def share_matched(p, arm: Arm) -> bool:
-    """A control that routes as many rollouts as v_act's calibrated tail would on the same batch (the arm's
-    `share_matched`, under params with the act space and the tail band): it reads v_act to count, never to choose."""
-    return arm.share_matched and act_gated(p, arm) and p.projection.band == "tail"
+    """A control that takes as many rows out of the main, with the same gate values, as v_act's calibrated gate would
+    on the same batch (the arm's `share_matched`, under params with the act space): it reads v_act to count, never
+    to choose (projection.removal_matched_gate)."""
+    return arm.share_matched and act_gated(p, arm)
+
+
+def control_seed(basis_seed: int, train_seed: int) -> int:
+    """A control's random draw (its Haar directions and, act-gated, its v_act) per training seed, so a control's seeds
+    are independent draws rather than one direction shared by every seed."""
+    tag = f"{basis_seed}:control:{train_seed}"
+    return int.from_bytes(hashlib.sha256(tag.encode()).digest()[:7], "big")
+
+
+def control_basis(real: Basis, seed: int) -> Basis:
+    """A control's directions, drawn from `seed`: Haar-random orthonormal rows with `real`'s kept modules and k_m, its
+    scoring direction ν the real ν projected onto them (`basis.scoring_direction`; the basis stage's random control
+    projects the pairs' mean difference instead, which a run does not have)."""
+    gen = torch.Generator().manual_seed(seed)
+    vh = {n: random_directions(v.shape[0], v.shape[1], gen, v.dtype) for n, v in real.vh.items()}
+    nu = scoring_direction(vh, real.nu)
+    return Basis(vh=vh, nu=nu, meta={**real.meta, "method": "random", "random": True, "seed": seed})
 
 
 def act_seed(seed: int, step: int | None = None) -> int:
@@ -107,14 +128,21 @@ def held_out_pairs(p, arm: Arm, pairs: list[Pair], holdout: dict) -> tuple[HeldO
     return cal, ex
 
 
-def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, problems: Path) -> RunBasis:
+def load_run_basis(
+    p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, problems: Path, seed: int | None = None
+) -> RunBasis:
     """The stage's inputs for `arm`: its basis files from the basis stage directory and its held-out pairs from the
-    pair-set root (holdout problems without hints as prompts). One-line errors name the missing option."""
+    pair-set root (holdout problems without hints as prompts). A control's directions (and act-gated, its v_act) are
+    drawn per training seed `seed` (`control_seed`; None: the basis stage's one random control, random.safetensors).
+    One-line errors name the missing option."""
     if not arm.reads_basis:
         return RunBasis()
     if basis_dir is None:
         raise ValueError(f"arm {arm.name} reads a basis: pass --basis")
-    b = Basis.load(basis_dir / ("random.safetensors" if arm.random_dir else "basis.safetensors"))
+    per_seed = arm.random_dir and seed is not None
+    b = Basis.load(basis_dir / ("random.safetensors" if arm.random_dir and not per_seed else "basis.safetensors"))
+    if per_seed:
+        b = control_basis(b, control_seed(p.basis.seed, seed))
     if arm.oracle_basis and b.meta.get("empty"):
         raise ValueError(
             f"arm {arm.name}: the oracle basis is empty (vanilla's rollouts gave too few hack/non-hack pairs; see "
@@ -122,7 +150,7 @@ def load_run_basis(p, arm: Arm, basis_dir: Path | None, pairsets: Path | None, p
         )
     act = Basis.load(basis_dir / "act.safetensors") if act_gated(p, arm) else None
     if act is not None and arm.random_dir:
-        act = random_act(act, act_seed(p.basis.seed))
+        act = random_act(act, act_seed(control_seed(p.basis.seed, seed) if per_seed else p.basis.seed))
     matched = Basis.load(basis_dir / "basis.safetensors") if mass_matched(p, arm) else None
     ref_act = Basis.load(basis_dir / "act.safetensors") if share_matched(p, arm) else None
     cal = ex = None

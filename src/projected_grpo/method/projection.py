@@ -213,6 +213,9 @@ RULES: dict[str, Rule] = {
     # the split happened in the forward (adapter.row_masks: routed rows train δS_h with δS detached, the others δS
     # with the knob off), so each part takes its own gradient; main + knob is not one gradient g here
     "route_masked": lambda s: (s.x, s.knob_x),
+    # screening by the gate (the probe-screening baseline of masked routing): the gated rows left the update through
+    # their advantages (rl/train.py), so the gradient passes unchanged and there is no knob
+    "screen": lambda s: (s.x, torch.zeros_like(s.x)),
 }
 
 
@@ -373,21 +376,22 @@ def gate_quality(s_hack: Tensor, s_clean: Tensor, tau_lo: float, tau_hi: float, 
     return {"precision": prec, "recall": rec, "f05": f05}
 
 
-def share_matched_gate(s: Tensor, s_ref: Tensor, adv: Tensor, tau_ref: float, eligible: Tensor) -> Tensor:
-    """(N,) a control's scores, (N,) the real direction's scores of the same rollouts, (N,) advantages, (N,) bool rows
-    the gate may route -> (N,) 0/1 gates that route as many rows as the real direction's tail gate would
-    (`band_gate(s_ref, adv, ·, tau_ref, "tail")` over the eligible rows), namely the top ones by `s` among the eligible
-    rows with A_n != 0 (ties: the lower row).
+def removal_matched_gate(s: Tensor, m_ref: Tensor, adv: Tensor, eligible: Tensor) -> Tensor:
+    """(N,) a control's scores, (N,) the real direction's gates of the same rollouts (its calibrated `band_gate`),
+    (N,) advantages, (N,) bool rows the gate may route -> (N,) gates holding exactly m_ref's values over the eligible
+    rows with A_n != 0, re-assigned by the control's own ranking: the largest value to its top-scored row, and so on
+    (ties: the lower row). So the control takes as many rows out of the main (m = 1) as the real gate does, and the
+    same partial gates (0 < m < 1), on rollouts it picks itself.
 
-    Why: a calibrated tail routes a share that is not a property of the direction's held-out calibration (on the
-    organism a random direction's calibrated tail routed far fewer live rollouts than v_act's: reports/lab_diary.md),
-    so a control with its own threshold is matched neither in what it routes nor in how much it moves. This one differs
-    from the real gate only in which rollouts it picks."""
+    Why: a gate's routed share is not a property of its held-out calibration (on the organism a random direction's own
+    calibrated gate took far fewer live rollouts out of the main than v_act's: reports/lab_diary.md), so a control
+    with its own threshold is matched neither in what it removes from the deployed model nor in how much it moves. This
+    one differs from the real gate only in which rollouts it picks."""
     ok = eligible & (adv != 0)
-    k = int((band_gate(s_ref, adv, tau_ref, tau_ref, "tail").bool() & ok).sum())
+    vals = torch.sort(torch.where(ok, m_ref, torch.zeros_like(m_ref)).double(), descending=True, stable=True).values
     order = torch.argsort(torch.where(ok, s.double(), -math.inf), descending=True, stable=True)
     m = torch.zeros_like(s)
-    m[order[:k]] = 1
+    m[order] = vals.to(m.dtype)
     return m
 
 

@@ -95,6 +95,8 @@ class Found:
 
 
 GATE_LOG = ("gate_frac", "gate_mean", "gate_auroc_live")
+# what leaves the deployed parameters per step (masked routing and screening: rows at gate 1; rl/train.removal)
+REMOVAL_LOG = ("drop_frac", "drop_pool_frac", "main_gnorm")
 KL_SPIKE = 1.0  # a step whose logged KL exceeds this spikes
 # a step whose main gradient norm (before clipping) exceeds this many times its run's median spikes (issue 25: an
 # unrouted row trained knob off can carry an unbounded importance ratio; reports/lab_diary.md, "Gradient spikes")
@@ -108,11 +110,12 @@ def train_log(path: Path) -> dict:
     and is a diagnostic only, nothing routes by it); `kl_spikes`, the share of steps whose logged KL to the reference
     (the loss' k3 estimate, each row in the state it trained in) exceeds KL_SPIKE, and `kl_max`; `grad_spikes`, the
     number of steps whose main gradient norm exceeds GRAD_SPIKE times the run's median; each over the steps that
-    logged it, and `source`. {} when the log has none of them."""
+    logged it, the means of REMOVAL_LOG (the rows out of the main's update, the teacher-pool share among them, the
+    main's gradient norm), and `source`. {} when the log has none of them."""
     rows = read_curve(path)
-    keys = (*GATE_LOG, "kl", "grad_norm_main")
+    keys = (*GATE_LOG, *REMOVAL_LOG, "kl", "grad_norm_main")
     logged = {k: [r[k] for r in rows if k in r and not math.isnan(r[k])] for k in keys}  # NaN: not logged
-    out = {k: sum(v) / len(v) for k, v in logged.items() if v and k in GATE_LOG}
+    out = {k: sum(v) / len(v) for k, v in logged.items() if v and k in (*GATE_LOG, *REMOVAL_LOG)}
     if kl := logged["kl"]:
         out |= {"kl_spikes": sum(x > KL_SPIKE for x in kl) / len(kl), "kl_max": max(kl)}
     if g := logged["grad_norm_main"]:

@@ -42,6 +42,11 @@ def routes(runs: R.Runs, arm: str) -> bool:
     return all("knob_on" in runs.deploy[(arm, s)]["states"] for s in runs.seeds(arm))
 
 
+def screens(runs: R.Runs, arm: str) -> bool:
+    """The run drops its gated rows from the update, no knob (`Arm.screens`: masked routing's screening baseline)."""
+    return arm in runs.specs and runs.specs[arm].screens
+
+
 def oracle_gated(runs: R.Runs, arm: str) -> bool:
     """The run's gate reads the grader's hack label (`Arm.oracle_gate`); without a spec: its key's variant says so."""
     if arm in runs.specs:
@@ -154,6 +159,15 @@ def gate_cell(g: dict | None) -> str:
     return " / ".join(cells)
 
 
+def removal_cell(g: dict | None) -> str:
+    """What left the main over training (results.train_log): rows out of its update (%) / the teacher-pool share
+    among them (%) / the main's mean gradient norm; — where not logged."""
+    if not g or not any(k in g for k in R.REMOVAL_LOG):
+        return "—"
+    cells = [pct(g[k]) if k in g else "—" for k in ("drop_frac", "drop_pool_frac")]
+    return " / ".join([*cells, f"{g['main_gnorm']:.3f}" if "main_gnorm" in g else "—"])
+
+
 def kl_cell(g: dict | None) -> str:
     """Spikes over training (results.train_log): steps with KL > KL_SPIKE (%) / the largest KL / steps whose main
     gradient norm exceeds GRAD_SPIKE times the run's median; — where not logged."""
@@ -189,13 +203,14 @@ def seed_rows(
         else:
             d = ["—", "—"]
         vh = effects.get((arm, s), {}).get("components", {}).get("main_norm", math.nan)
+        g = logs.get((arm, s))
         rows.append(
             f"| {runs.label(arm)} | {runs.role(arm)} | {s} | "
             + " | ".join(pct(x) for x in dep)
             + " | "
             + " | ".join(d)
             + f" | {' / '.join(pct(x) for x in on) or '—'} | {'—' if vh != vh else f'{vh:.2f}'}"
-            + f" | {gate_cell(logs.get((arm, s)))} | {kl_cell(logs.get((arm, s)))} |"
+            + f" | {gate_cell(g)} | {removal_cell(g)} | {kl_cell(g)} |"
         )
     return rows
 
@@ -250,7 +265,7 @@ def render(
     """routing.md for the routed arms among `order` (the report's arm order); `direction`: the oracle_basis stage's
     metrics, for the direction check; `logs`: runs' gate and KL over training (results.train_log, with its source)."""
     logs = logs or {}
-    routed = [a for a in runs.arms(order) if routes(runs, a)]
+    routed = [a for a in runs.arms(order) if routes(runs, a) or screens(runs, a)]
     base = runs.base["full"]
     L = [
         "# Routing: what survives deleting the knob",
@@ -278,15 +293,19 @@ def render(
         "(knob_effect.json; for a separate quarantine the knob is not in these coordinates). gate: over the training "
         "steps, the mean share of rollouts routed at all (%) / the mean gate in [0, 1] / the mean live AUROC of the "
         "gate's score, hack vs not, on each step's own rollouts (it reads the grader's labels: a diagnostic, nothing "
-        f"routes by it; 0.5 is chance). KL > {R.KL_SPIKE:g}: the share of training steps whose logged KL to the "
+        "routes by it; 0.5 is chance). out of main: over the training steps, the mean share of rows whose gradient "
+        "does not reach the deployed parameters (masked routing and screening: gate 1) / the teacher-pool share among "
+        "them / the main's mean gradient norm, what a control must match. "
+        f"KL > {R.KL_SPIKE:g}: the share of training steps whose logged KL to the "
         f"reference (k3, each row in the state it trained in) exceeds {R.KL_SPIKE:g} (%) / its largest value / the "
         f"steps whose main gradient norm exceeds {R.GRAD_SPIKE:g}× the run's median (an importance ratio left "
         "unbounded on one token gives such a spike, and Adam's momentum carries it for tens of steps);"
         + kl_baseline(logs),
         "",
         "| arm | role | seed | deploy hack (train) | deploy solve | deploy format | Δ hack | Δ solve | knob on "
-        f"| ‖Vh δS‖ | gate: routed / mean / live AUROC | KL > {R.KL_SPIKE:g} / max / grad spikes |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| ‖Vh δS‖ | gate: routed / mean / live AUROC | out of main: rows / pool share / ‖g main‖ "
+        f"| KL > {R.KL_SPIKE:g} / max / grad spikes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in routed:
         L += seed_rows(runs, a, effects, logs)

@@ -476,17 +476,19 @@ def live_gates(
     An oracle arm's per-rollout gate is instead `hack` ((N,) bool, the grader's label: an upper bound that reads
     ground truth on purpose); its live scores are still the calibrated gate's, for the diagnostic. Rows from n_on on
     (deploy groups, knob off) get gate 0, so their gradient reaches the main only, unless projection.deploy_gate: then
-    they are gated as the others, on their scores in the knob-off state they were sampled in. A share-matched control
-    routes as many rows as v_act's calibrated tail would on the same batch, the top ones by its own score."""
+    they are gated as the others, on their scores in the knob-off state they were sampled in. An act-gated control
+    takes v_act's calibrated gate values on the same batch, re-assigned by its own score (removal-matched)."""
     m_gate, m_tok, live = torch.zeros_like(adv), torch.zeros(mask.shape, device=adv.device), None
     tau = d.gate.tau
     if arm.gate == "rollout" and d.kept:
         live = live_scores(gr, adv, mask, d, d.spec)
-        if d.ref is not None:  # share-matched control: as many rows as v_act's tail routes, the top by its own score
+        if d.ref is not None:  # removal-matched control: v_act's gate values, re-assigned by its own score
             rows = torch.arange(len(adv), device=adv.device)
             ok = torch.ones_like(rows, dtype=torch.bool) if pj.deploy_gate else rows < n_on
             s_ref = gr.pooled.float() @ d.ref.v_act.float()
-            m_gate = proj.share_matched_gate(live, s_ref, adv, d.state.ref_gate.tau[1], ok)
+            ref_tau = d.state.ref_gate.tau
+            m_ref = proj.band_gate(s_ref, adv, ref_tau[0], ref_tau[1], pj.band)
+            m_gate = proj.removal_matched_gate(live, m_ref, adv, ok)
         else:
             m_gate = proj.band_gate(live, adv, tau[0], tau[1], pj.band)
         if arm.oracle_gate:  # as band_gate: no routing where A_n = 0 (its only gradient is the KL term's)
@@ -637,7 +639,25 @@ def edit_diagnostics(lp: Loop, st: StepData, main: dict, knob: dict, targets: di
     }
     if lp.mvh:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
         diag["match_target"] = math.sqrt(sum(t * t for t in targets.values())) / max(float(g_cat.norm()), 1e-30)
-    return diag
+    return diag | removal(lp, st, main)
+
+
+def removal(lp: Loop, st: StepData, main: dict) -> dict[str, float]:
+    """What leaves the deployed parameters, per gated step (issue 46's matching): `drop_frac`, the share of rows whose
+    gradient does not reach the main (masked routing and screening: gate m = 1); `drop_pool_frac`, the share of
+    teacher-pool rows among them (nan when none); `main_gnorm`, the norm of the main's edited gradient."""
+    arm = lp.run.arm
+    if arm.gate != "rollout":
+        return {}
+    out = {"main_gnorm": float(concat(main, list(main)).norm())}
+    if arm.masked or arm.screens:
+        drop = (st.m_gate >= 1).cpu()
+        pool = torch.tensor([not x for x in st.is_student])
+        out |= {
+            "drop_frac": float(drop.float().mean()),
+            "drop_pool_frac": rate(int((drop & pool).sum()), int(drop.sum())),
+        }
+    return out
 
 
 def update_diagnostics(lp: Loop, st: StepData) -> dict[str, float]:
@@ -783,7 +803,8 @@ def gradients(lp: Loop, st: StepData, lb: LossBatch) -> None:
     """Loss and backward; the gates from held-out thresholds (oracle-gated runs: the grader's labels); masked routing
     runs the loss again, each rollout in the state its gate picked (adapter.row_masks)."""
     arm, pj, g, d = lp.run.arm, lp.run.p.projection, lp.run.p.grpo, lp.d
-    gr = gate_activations(lb) if arm.masked and d.act_layer is not None else loss_backward(lb, st.adv)
+    two_pass = arm.masked or arm.screens  # the gate's pass, then the update's
+    gr = gate_activations(lb) if two_pass and d.act_layer is not None else loss_backward(lb, st.adv)
     hack = torch.tensor([x.label == "hack" for x in st.grades], device=lp.dev) if arm.oracle_gate else None
     st.m_gate, st.m_tok, st.live = live_gates(arm, d, gr, st.adv, st.ro.mask, pj, lp.n_on, hack)
     if arm.masked:
@@ -793,6 +814,12 @@ def gradients(lp: Loop, st: StepData, lb: LossBatch) -> None:
         old = gr.logp if pj.masked_is else None  # the first pass ran each row in its sampling state
         gr = loss_backward(lb, adv_m, states, old)
         st.adv_main = float(adv_m[states[0] > 0].sum() / len(st.adv))
+    if arm.screens:  # the gated rows (m = 1) leave the update: advantage 0; the others as masked routing's main rows
+        kept = st.m_gate < 1
+        adv_m = masked_advantages(st.rewards, st.adv, kept, g.group_size, pj.main_baseline, g.scale_rewards == "group")
+        adv_m = torch.where(kept, adv_m, torch.zeros_like(adv_m))
+        gr = loss_backward(lb, adv_m)
+        st.adv_main = float(adv_m.sum() / len(st.adv))
     st.gr = gr
 
 
