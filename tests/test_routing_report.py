@@ -226,4 +226,3 @@ def test_screening_sits_beside_the_routed_arms():
     rows = {(r[0], r[2]): r for r in table(md, "Per seed")}
     assert {a for a, _ in rows} == {"route", "screen"}  # routed or screening; a plain baseline is not
     assert rows[("screen", "41")][8] == "—" and rows[("route", "41")][8] != "—"  # knob on: route only
-
