@@ -324,6 +324,7 @@ class _Pass:
     spec: LossSpec
     n_tokens: float
     masked_shared: bool
+    dirs: dict  # per-token routing's captured directions (gate.token_dirs), {} otherwise
 
 
 class _Captures:
@@ -372,7 +373,8 @@ def loss_backward(
     # masked routing's second pass reads only δS.grad and δS_h.grad (route_masked's rule), so with grpo.share_prompt
     # each (prompt, state) runs once and no probe runs; a mass-matched control would read per-row gradients
     masked_shared = masks is not None and g.share_prompt and not mass_matched(p, lb.arm)
-    ps = _Pass(adv, masks, old, spec, float(lb.ro.mask.sum()), masked_shared)
+    dirs = token_dirs(lb.d.cur, lb.d.kept) if lb.arm.gate == "token" else {}
+    ps = _Pass(adv, masks, old, spec, float(lb.ro.mask.sum()), masked_shared, dirs)
     lb.model.zero_grad(set_to_none=True)
     acc = _Captures(lb.d)
     for i, (sl, ref) in enumerate(zip(lb.mbs, lb.refs)):
@@ -398,13 +400,12 @@ def _micro_batch(lb: LossBatch, ps: _Pass, acc: _Captures, i: int, sl: slice, re
         shared = first, _ = state_runs(pi, pm, masks[0][sl], masks[1][sl])
         prompt_state = partial(row_masks, model, masks[0][sl][first], masks[1][sl][first])
         probe = nullcontext({})
-    dirs = token_dirs(d.cur, d.kept) if per_token else {}
     with (
         state,
         ckpt,
         rows_in,
         probe as es,
-        token_capture(model, dirs) as caps,
+        token_capture(model, ps.dirs) as caps,
         residual_capture(model, d.act_layer if masks is None else None) as hid,  # the gate's pass only
     ):
         with lb.timer("forward"):
