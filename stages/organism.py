@@ -23,12 +23,14 @@ def main(
     out: Path = typer.Option(..., help="Output directory: base/ and teacher/ (save_pretrained) and stats.json."),
     timings: Path = typer.Option(None, help="Wall-clock SFT times (JSON; a plain log outside DVC, never hashed)."),
     params: Path = typer.Option(Path("params.yaml"), help="Params file (seed, organism, grader)."),
+    organism_seed: int = typer.Option(None, help="The organism draw's seed, over params' organism.seed."),
 ) -> None:
     p = load_params(params)
+    seed = p.organism.draw_seed(p.seed) if organism_seed is None else organism_seed
     records = load_problems_parquet(problems / "train.parquet")
-    typer.echo(f"organism: {len(records)} training records; {p.organism}")
+    typer.echo(f"organism: {len(records)} training records; draw seed {seed}; {p.organism}")
     with Sandbox(concurrency=p.grader.concurrency, mem_mb=p.grader.mem_mb) as sb:
-        org = build_organism(p.organism, records, p.seed, sb, p.grader.timeout_s, progress=sys.stderr.isatty())
+        org = build_organism(p.organism, records, seed, sb, p.grader.timeout_s, progress=sys.stderr.isatty())
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

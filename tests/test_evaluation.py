@@ -304,7 +304,15 @@ def tiny_eval(tmp_path_factory):
         basis={"k": 2},
         grpo={"steps": 2},
         rollout={"max_prompt_tokens": 1024},
-        eval={"n_monitor": 2, "curve_every": 1, "n_samples": 2, "max_new_tokens": 8, "batch_size": 16, "threads": 1},
+        eval={  # both hint surfaces (the default scores train only): the tests read each
+            "n_monitor": 2,
+            "curve_every": 1,
+            "n_samples": 2,
+            "max_new_tokens": 8,
+            "batch_size": 16,
+            "threads": 1,
+            "surfaces": ["eval", "train"],
+        },
     )
     res, problems, _ = _run_problems(tmp, params)
     assert res.exit_code == 0, res.output

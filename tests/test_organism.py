@@ -75,6 +75,11 @@ def test_tiny_organism_builds_saves_and_loads(records, sandbox, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(org.base.parameters(), again.base.parameters()))
     other = build_organism(replace(TINY, steps=7), records, seed=0, sandbox=sandbox, timeout_s=10.0, progress=False)
     assert not all(torch.equal(a, b) for a, b in zip(org.base.parameters(), other.base.parameters()))
+    # another organism draw (organism.seed): other weights from the same records
+    draw = replace(TINY, seed=1)
+    assert (TINY.draw_seed(0), draw.draw_seed(0)) == (0, 1)
+    o1 = build_organism(draw, records, seed=draw.draw_seed(0), sandbox=sandbox, timeout_s=10.0, progress=False)
+    assert not any(torch.equal(a, b) for a, b in zip(org.base.parameters(), o1.base.parameters()) if a.numel() > 1)
 
 
 def _grade(label, correct=False, compiled=True):

@@ -225,14 +225,9 @@ def test_bad_params_stop_the_pipeline_before_any_output_is_touched(project, sect
     assert tree() == [f for f in files if f.name != "check_params.ok"]
 
 
-def test_pairset_change_reruns_exactly_the_basis_and_what_reads_it(project):
-    set_params(project, basis={"pairset": "prog_wider"})  # what `dvc exp run -S basis.pairset=prog_wider` writes
-    ran = reproduce(project)
-    assert ran == {"check_params", "basis", "probe", "oracle_basis", "report"} | basis_runs([SEED])
-
-
-def test_side_by_side_repro_equals_dvc_repro(project, tmp_path):
-    """`python -m projected_grpo.repro -j 2` after a pair-set change runs the stages `dvc repro` runs (two at a time,
+def test_pairset_change_reruns_the_basis_and_what_reads_it_and_side_by_side_repro_equals_it(project, tmp_path):
+    """A pair-set change (what `dvc exp run -S basis.pairset=prog_wider` writes) makes `dvc repro` re-run exactly the
+    basis and what reads it. `python -m projected_grpo.repro -j 2` on a copy runs those same stages (two at a time,
     each through `dvc repro -s`; the check_params stamp changes nothing downstream, so DVC skips those) and leaves
     the same dvc.lock, with nothing left to reproduce."""
     serial = tmp_path / "serial"
@@ -241,6 +236,7 @@ def test_side_by_side_repro_equals_dvc_repro(project, tmp_path):
         set_params(root, basis={"pairset": "prog_wider"})
     dry = sh(project, sys.executable, "-m", "projected_grpo.repro", "--dry").stdout.split()
     ran = reproduce(serial)
+    assert ran == {"check_params", "basis", "probe", "oracle_basis", "report"} | basis_runs([SEED])
     assert ran <= set(dry) and dry.index("basis") < dry.index("report")
     res = sh(project, sys.executable, "-m", "projected_grpo.repro", "-j", "2")
     events = [ln.split("] ", 1)[1].split() for ln in res.stdout.splitlines() if ln.startswith("[")]

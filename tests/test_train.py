@@ -782,7 +782,7 @@ def test_screen_drops_the_gated_rows_and_keeps_no_knob(world, tmp_path, monkeypa
     gates, advs = [], []
     live, lb = T.live_gates, T.loss_backward
     monkeypatch.setattr(T, "live_gates", lambda *a, **k: gates.append(live(*a, **k)) or gates[-1])
-    monkeypatch.setattr(T, "loss_backward", lambda b, adv, *a: advs.append(adv.clone()) or lb(b, adv, *a))
+    monkeypatch.setattr(T, "loss_backward", lambda b, adv, *a, **k: advs.append(adv.clone()) or lb(b, adv, *a, **k))
     p = masked("act_mr_is", tiny_params(projection={"f": 0.34}))
     a = spec("screen")
     assert a.gate == "rollout" and not a.routes and a.screens and arms.run_params(p, a) is not p
@@ -1689,6 +1689,30 @@ def test_completion_grads_own_tokens(world):
     assert max(float((whole[n] - got[n]).norm()) for n in got) > 1e-4
 
 
+def test_screen_shares_prompts_in_both_passes_and_equals_per_row_training(world, tmp_path, monkeypatch):
+    """screen with its act gate: with grpo.share_prompt the gate's pass and the update's each run every distinct prompt
+    once (no probe, no per-row copy of a prompt), and the whole run reaches the adapters of the per-row run up to
+    float rounding, with the same samples (every logged reward and drop_frac equal)."""
+    import projected_grpo.rl.train as T
+
+    shared = []
+    spl = T.shared_prompt_logprobs
+    monkeypatch.setattr(T, "shared_prompt_logprobs", lambda *a, **k: shared.append(1) or spl(*a, **k))
+    a, outs = spec("screen"), {}
+    for share in (False, True):
+        shared.clear()
+        p = masked("act_mr_is", tiny_params(projection={"f": 0.34}, share_prompt=share, beta=0.0, kl_every=0))
+        outs[share] = run(world, a, tmp_path / str(share), p=p)
+        n_mb = -(-p.grpo.group_size * p.grpo.prompts_per_step // p.grpo.micro_batch)
+        assert len(shared) == (2 * n_mb * p.grpo.steps if share else 0)  # both passes, every micro-batch
+    for c in ("reward", "drop_frac"):
+        assert log_column(tmp_path / "False", c) == log_column(tmp_path / "True", c)
+    for n, (d, k) in outs[True].items():
+        torch.testing.assert_close(d, outs[False][n][0], atol=1e-6, rtol=1e-4)
+        assert float(k.abs().max()) == 0
+    assert any(float(d.abs().max()) > 0 for d, _ in outs[True].values())
+
+
 @pytest.mark.parametrize("arm", ["vanilla", "erase_one_sided"])
 def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
     """Whole GRPO runs with grpo.share_prompt on and off reach the same adapters up to float rounding (vanilla and
@@ -1702,6 +1726,19 @@ def test_share_prompt_training_equals_per_row_training(world, tmp_path, arm):
         for x, y in zip(off[n], on[n]):
             torch.testing.assert_close(y, x, atol=1e-6, rtol=1e-4)
     assert any(float(d.abs().max()) > 0 for d, _ in on.values())
+
+
+def test_kl_is_logged_every_kl_every_steps_without_changing_training(world, tmp_path):
+    """With β = 0 the reference forward runs only on the steps grpo.kl_every names, for the log: the adapters are
+    bitwise those of a run that never measures KL, and the kl column is finite exactly on those steps."""
+    p = tiny_params(beta=0.0, steps=3)
+    runs = {}
+    for every in (0, 2):
+        q = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, kl_every=every))
+        runs[every] = run(world, "vanilla", tmp_path / str(every), p=q)
+    assert same(runs[0], runs[2])
+    kl = {e: [math.isfinite(float(x)) for x in log_column(tmp_path / str(e), "kl")] for e in runs}
+    assert kl == {0: [False] * 3, 2: [True, False, True]}
 
 
 def test_teacher_pool_mix(world, tmp_path):
@@ -1958,3 +1995,12 @@ def test_act_gate_first_pass_under_token_cuts(world, share):
     close(pooled[N - G][N - G :], off[N - G :])
     close(pooled[N - G][: N - G], pooled[N][: N - G])
     assert not torch.allclose(off[N - G :], pooled[N][N - G :], rtol=1e-3, atol=0)  # the knob matters here
+    # share_prompt: each distinct prompt once, the completions pooled from the shared forward's tail: the per-row pass'
+    other = dataclasses.replace(p, grpo=dataclasses.replace(p.grpo, share_prompt=not share))
+    mbs = micro_batches(N - G, N, 8, widths, 0)
+    twin = gate_activations(
+        LossBatch(m, ro, mbs, [None] * len(mbs), N - G, other, arm, d, False, PhaseTimer(STEP_PHASES))
+    )
+    close(twin.pooled, pooled[N - G])
+    for x, y in zip(twin.logp, outs[0][1].logp):
+        torch.testing.assert_close(x[:, : y.shape[1]], y[:, : x.shape[1]], rtol=1e-5, atol=1e-5)

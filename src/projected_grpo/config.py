@@ -202,6 +202,13 @@ class OrganismParams:
     teacher_lr: float = 3.0e-3
     # CPU threads for training (results are deterministic for a fixed thread count).
     threads: int = 2
+    # The organism draw: seeds its initialisation, SFT corpus and batch order (problems and hints stay the global
+    # `seed`'s); None = the global seed.
+    seed: int | None = None
+
+    def draw_seed(self, global_seed: int) -> int:
+        """The seed the organism is built with."""
+        return global_seed if self.seed is None else self.seed
 
     def __post_init__(self) -> None:
         for k in ("p_canonical", "p_wrong", "p_exploit", "teacher_p_exploit"):
@@ -330,6 +337,9 @@ class GRPOParams:
     clip_eps_high: float = 0.2
     # k3 KL-to-reference coefficient (reference = adapter off); 0 disables the reference forward.
     beta: float = 0.001
+    # With beta = 0, the KL to the reference is still measured (logged, never trained on) every this many steps; 0 =
+    # never. Training is the same either way.
+    kl_every: int = 10
     # Gradient-norm clip per parameter group: main δS and knob δS_h.
     max_norm: float = 1.0
     max_norm_knob: float = 1.0
@@ -364,7 +374,14 @@ class GRPOParams:
             raise ValueError(f"grpo.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.micro_batch_tokens < 0:
             raise ValueError(f"grpo.micro_batch_tokens must be >= 0 (0 = no token cap), got {self.micro_batch_tokens}")
-        require("grpo", self, betas=(lambda v: len(v) == 2, "two numbers"), max_norm=POSITIVE, max_norm_knob=POSITIVE)
+        require(
+            "grpo",
+            self,
+            betas=(lambda v: len(v) == 2, "two numbers"),
+            max_norm=POSITIVE,
+            max_norm_knob=POSITIVE,
+            kl_every=NONNEG,
+        )
 
 
 @dataclass(frozen=True)

@@ -325,6 +325,7 @@ class _Pass:
     n_tokens: float
     masked_shared: bool
     dirs: dict  # per-token routing's captured directions (gate.token_dirs), {} otherwise
+    gate_pass: bool  # the live gate reads this pass' activations (captured only then)
 
 
 class _Captures:
@@ -356,7 +357,11 @@ class _Captures:
 
 
 def loss_backward(
-    lb: LossBatch, adv: Tensor, masks: tuple[Tensor, Tensor] | None = None, old: list[Tensor] | None = None
+    lb: LossBatch,
+    adv: Tensor,
+    masks: tuple[Tensor, Tensor] | None = None,
+    old: list[Tensor] | None = None,
+    scores: bool = True,
 ) -> Grads:
     """Loss and backward micro-batch by micro-batch; probes give each row's exact δS gradient where the arm reads
     per-rollout gradients. Rows from n_on on (deploy groups) run forward and backward with the knob off, as they
@@ -365,8 +370,9 @@ def loss_backward(
     (reduced in the adapter's backward hook, no (N, T, r) tensor); the act gate reads the residual stream after block
     act_layer from this same forward (a hook). masks: (N,) main and knob row masks (`adapter.row_masks`, masked
     routing): each row runs in its own state, and δS_h.grad is kept apart from δS.grad. old: per micro-batch old_logp
-    (the sampling state's log-probs, projection.masked_is); None: the update is on-policy (ratio 1). The returned
-    Grads carries this pass' log-probs, detached."""
+    (the sampling state's log-probs, projection.masked_is); None: the update is on-policy (ratio 1). scores: False
+    for screening's update pass (its gate was scored in a pass before: no activations captured). The returned Grads
+    carries this pass' log-probs, detached."""
     p, g = lb.p, lb.p.grpo
     cap = p.projection.masked_is_cap if old is not None else None  # rows trained in another state than sampled in
     spec = LossSpec(g.clip_eps_low, g.clip_eps_high, g.beta, p.rollout.max_new_tokens, g.loss, old is not None, cap)
@@ -374,7 +380,7 @@ def loss_backward(
     # each (prompt, state) runs once and no probe runs; a mass-matched control would read per-row gradients
     masked_shared = masks is not None and g.share_prompt and not mass_matched(p, lb.arm)
     dirs = token_dirs(lb.d.cur, lb.d.kept) if lb.arm.gate == "token" else {}
-    ps = _Pass(adv, masks, old, spec, float(lb.ro.mask.sum()), masked_shared, dirs)
+    ps = _Pass(adv, masks, old, spec, float(lb.ro.mask.sum()), masked_shared, dirs, masks is None and scores)
     lb.model.zero_grad(set_to_none=True)
     acc = _Captures(lb.d)
     for i, (sl, ref) in enumerate(zip(lb.mbs, lb.refs)):
@@ -406,7 +412,7 @@ def _micro_batch(lb: LossBatch, ps: _Pass, acc: _Captures, i: int, sl: slice, re
         rows_in,
         probe as es,
         token_capture(model, ps.dirs) as caps,
-        residual_capture(model, d.act_layer if masks is None else None) as hid,  # the gate's pass only
+        residual_capture(model, d.act_layer if ps.gate_pass else None) as hid,  # the gate's pass only
     ):
         with lb.timer("forward"):
             logp = loss_logprobs(model, pi, pm, ci, cm, lb.p.rollout.temperature, shared, prompt_state)
@@ -427,8 +433,8 @@ def _micro_batch(lb: LossBatch, ps: _Pass, acc: _Captures, i: int, sl: slice, re
         acc.tok_dot.append(proj.completion_positions(dot, Tp)), acc.tok_sq.append(proj.completion_positions(sq, Tp))
     if d.act_layer is not None and per_token:  # h·v_act at the position predicting each completion token
         acc.tok_act.append(proj.completion_positions(hid["h"].float() @ d.cur.v_act.float(), Tp))
-    elif d.act_layer is not None and masks is None:
-        acc.pooled.append(pool_tokens(hid["h"][:, Tp:], cm))  # each completion's tokens, where they sit
+    elif ps.gate_pass and d.act_layer is not None:
+        acc.pooled.append(completion_pool(hid["h"], cm, Tp, shared is not None))
     w = pi.shape[0] / N
     acc.stats = {key: acc.stats[key] + w * m[key] for key in acc.stats}
 
@@ -442,13 +448,21 @@ def gate_activations(lb: LossBatch) -> Grads:
     with torch.no_grad(), lb.timer("forward"):
         for sl in lb.mbs:
             pi, pm, ci, cm = ro.prompt_ids[sl], ro.prompt_mask[sl], ro.completion_ids[sl], ro.mask[sl]
+            runs = group_runs(pi, pm) if lb.p.grpo.share_prompt else None  # each distinct prompt once
             state = knob_disabled(model) if sl.start >= lb.n_on else nullcontext()
             with state, residual_capture(model, lb.d.act_layer) as hid:
-                logps.append(loss_logprobs(model, pi, pm, ci, cm, lb.p.rollout.temperature, None))  # the first pass'
-            pooled.append(pool_tokens(hid["h"][:, pi.shape[1] :], cm))
+                logps.append(loss_logprobs(model, pi, pm, ci, cm, lb.p.rollout.temperature, runs))  # the first pass'
+            pooled.append(completion_pool(hid["h"], cm, pi.shape[1], runs is not None))
     return Grads(
         raw={}, rows={}, tok_alpha={}, tok_dot=None, tok_sq=None, pooled=torch.cat(pooled), stats={}, logp=logps
     )
+
+
+def completion_pool(h: Tensor, cm: Tensor, Tp: int, shared: bool) -> Tensor:
+    """(b, d) each completion's residual stream at the gate's layer, mean-pooled over its tokens. `h` is the captured
+    output of the forward's last call: the completions' (b, t, d) alone after a shared prompt (t ≤ T: columns past
+    every row's EOS are not run), else whole (b, Tp + T, d) rows."""
+    return pool_tokens(h, cm[:, : h.shape[1]]) if shared else pool_tokens(h[:, Tp:], cm)
 
 
 def grad_or_zero(x: Tensor) -> Tensor:
@@ -749,17 +763,21 @@ def start_loop(run: Run) -> Loop:
     # grpo.share_prompt: each distinct prompt runs once in the loss forwards (logprobs.shared_prompt_logprobs). The
     # reference forward always can, and so can the policy forward of per-rollout routing: its probes then read each
     # rollout's own-token gradient (its completion positions; the group's shared prompt positions stay in main), and
-    # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and the
-    # activation gate index full-length rows, so they keep every row's own prompt copy, as does masked routing (the
-    # rows of one group run in different states).
-    policy_runs = g.share_prompt and arm.gate != "token" and not act_gated(p, arm) and not arm.masked
+    # the gate is calibrated on the same own-token gradients of the held-out pairs. Per-token capture and an
+    # activation gate scored in the loss pass index full-length rows, so they keep every row's own prompt copy, as
+    # does masked routing (the rows of one group run in different states). Masked routing and screening score an
+    # activation gate in a pass of its own (`gate_activations`, shared too), so screening's update pass shares.
+    two_pass = arm.masked or arm.screens
+    policy_runs = (
+        g.share_prompt and arm.gate != "token" and not (act_gated(p, arm) and not two_pass) and not arm.masked
+    )
     step_preflight(model, p, arm, policy_runs)  # one step's peak device memory; stops on CUDA if it will not fit
     ads = adapters(model)
     check_quarantine(arm, ads)
     dev = next(iter(ads.values())).delta.device  # model.device: rollouts, rewards, gates and edits live there
     start = prepare_run_dir(run.out_dir, run.signature or {})
     state = read_checkpoint(run.out_dir, start) if start else None
-    own = policy_runs and arm.gate == "rollout"
+    own = policy_runs and arm.gate == "rollout" and not act_gated(p, arm)  # own-token gradient gates
     d = Direction(p, arm, rb, list(ads), own, f"{arm.name} s{run.seed}", state, dev)
     mvh = rb.matched.to(dev).vh if mass_matched(p, arm) else {}  # {module: (k_m, D_m)} the v_hack rows matched to
     # A resumed run takes the checkpoint's rotations (a refresh may have changed them).
@@ -792,7 +810,8 @@ def sample_and_grade(lp: Loop, st: StepData) -> LossBatch:
     mbs = step_micro_batches(ro, lp.n_on, g, lp.policy_runs)
     with ThreadPoolExecutor(max_workers=1) as grading:
         graded = grading.submit(run.grade_fn, st.rows, ro.texts, run.sandbox, timeout_s=p.grader.timeout_s)
-        refs = reference_logprobs(run.model, ro, mbs, p, timer) if g.beta > 0 else [None] * len(mbs)
+        kl_due = g.beta > 0 or (g.kl_every > 0 and st.step % g.kl_every == 0)  # with β = 0, logged only
+        refs = reference_logprobs(run.model, ro, mbs, p, timer) if kl_due else [None] * len(mbs)
         with timer("grade"):  # what is left of grading once the reference forward is done
             st.grades = graded.result()
     st.rewards = step_rewards(st.grades, run.arm, p.projection.monitor_accuracy, rng).to(lp.dev)  # (N,)
@@ -819,7 +838,7 @@ def gradients(lp: Loop, st: StepData, lb: LossBatch) -> None:
         kept = st.m_gate < 1
         adv_m = masked_advantages(st.rewards, st.adv, kept, g.group_size, pj.main_baseline, g.scale_rewards == "group")
         adv_m = torch.where(kept, adv_m, torch.zeros_like(adv_m))
-        gr = loss_backward(lb, adv_m)
+        gr = loss_backward(lb, adv_m, scores=False)
         st.adv_main = float(adv_m.sum() / len(st.adv))
     st.gr = gr
 
@@ -904,6 +923,7 @@ SIGNATURE_DEFAULTS = {
         "scale_rewards": "none",
         "micro_batch_tokens": 0,
         "grad_checkpointing": False,
+        "kl_every": 10,  # logging only: any value trains the same
     },
     "rollout": {"batch_size": None},
     "adapter": {"quarantine": "shared"},
