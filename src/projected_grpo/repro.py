@@ -90,21 +90,26 @@ def run_stages(
     return failed
 
 
-def dag(root: Path) -> tuple[dict[str, set[str]], set[str]]:
-    """(deps, changed): every stage of the project's DVC graph (matrix members expanded) with the stages it reads,
-    and the stages `dvc status` reports changed."""
+def dag(root: Path, pipeline: str = "dvc.yaml") -> tuple[dict[str, set[str]], set[str]]:
+    """(deps, changed): every stage of the pipeline file `pipeline` (matrix members expanded) with the stages it
+    reads there, and those of them `dvc status` reports changed. Another pipeline's stages (confirm/dvc.yaml) are
+    not this one's: `dvc repro` of dvc.yaml never runs them."""
     from dvc.repo import Repo
 
     with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC names stages relative to the working directory
         g = repo.index.graph  # edges: stage -> the stages it depends on
-        deps = {s.addressing: {d.addressing for d in g.successors(s)} for s in g.nodes}
-        changed = set(repo.status())
+        mine = {s for s in g.nodes if Path(s.dvcfile.path).resolve() == (root / pipeline).resolve()}
+        deps = {s.addressing: {d.addressing for d in g.successors(s) if d in mine} for s in mine}
+        changed = set(repo.status(targets=[pipeline])) & set(deps)
     return deps, changed
 
 
 def main(
     targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
     jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
+    pipeline: str = typer.Option(
+        "dvc.yaml", help="The pipeline file: dvc.yaml (the default matrix) or confirm/dvc.yaml (issue 46)."
+    ),
     dry: bool = typer.Option(False, "--dry", help="Only print the stages to look at, in a valid order."),
     no_run_cache: bool = typer.Option(
         False,
@@ -116,7 +121,10 @@ def main(
     if not (root / "dvc.yaml").exists():
         typer.echo("error: run this in the repository root (no dvc.yaml here)", err=True)
         raise typer.Exit(2)
-    deps, changed = dag(root)
+    if not (root / pipeline).is_file():
+        typer.echo(f"error: no pipeline file {pipeline} (dvc.yaml or confirm/dvc.yaml)", err=True)
+        raise typer.Exit(2)
+    deps, changed = dag(root, pipeline)
     unknown = sorted(set(targets or ()) - set(deps))
     if unknown:
         typer.echo(f"error: unknown stage(s) {unknown}; `dvc stage list --all` names them", err=True)
