@@ -185,8 +185,9 @@ def stage_modules(script: str) -> set[str]:
     return {str(_module_file(m).relative_to(ROOT)) for m in seen}
 
 
-def test_stage_deps_list_every_imported_module():
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+@pytest.mark.parametrize("pipeline", ["dvc.yaml", "confirm/dvc.yaml"])
+def test_stage_deps_list_every_imported_module(pipeline):
+    stages = yaml.safe_load((ROOT / pipeline).read_text())["stages"]
     for name, st in stages.items():
         script = re.search(r"stages/(\w+)\.py", st["cmd"]).group(1)  # train_ref runs stages/train.py
         want = stage_modules(script) | {f"stages/{script}.py"}

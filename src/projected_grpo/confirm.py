@@ -22,6 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = "confirm/params.yaml"
+METRICS = "reports/confirm_metrics.json"  # the report stage's numbers (outside reports/confirm/, which it reads)
 PER_DRAW = ("organism", "organism_report", "pool", "basis", "eval_sets")  # one stage per organism draw
 RUNS = ("train", "train_control", "evaluate", "evaluate_control")  # one stage per draw × arm × seed
 DRAW = "o${item.org}"
@@ -56,7 +57,29 @@ def rewrite(name: str, st: dict) -> dict:
     return out
 
 
-def confirm_pipeline(dvc_yaml: Path = ROOT / "dvc.yaml") -> dict:
+def report_stage(default: dict, design: Path) -> dict:
+    """The verdict (stages/confirm_report.py): every draw's evaluations, training logs and evaluation sets in; its code
+    the default report's plus report/confirm.py."""
+    draws = yaml.safe_load(design.read_text())["organisms"]
+    code = [d for d in default["deps"] if d.startswith("src/")] + ["src/projected_grpo/report/confirm.py"]
+    per = [f"{r}/o{d}/{x}" for d in draws for r, x in (("reports/confirm", "eval"), ("reports/confirm", "train"),
+           ("artifacts/confirm", "eval_sets"))]  # fmt: skip
+    cmd = "PYTHONPATH=src OMP_WAIT_POLICY=PASSIVE python stages/confirm_report.py --root reports/confirm"
+    cmd += " --artifacts artifacts/confirm --design confirm/design.yaml --out reports/confirm.md"
+    cmd += f" --metrics {METRICS} --params {PARAMS}"
+    return {
+        "cmd": cmd,
+        "deps": ["stages/confirm_report.py", *code, *per],
+        "params": [
+            {PARAMS: ["arm", "arms_ref", "arms", "controls", "oracle_gate", "arms_oracle_basis", "seeds"]},
+            {"confirm/design.yaml": ["organisms"]},
+        ],  # fmt: skip
+        "outs": [{"reports/confirm.md": {"cache": False}}],
+        "metrics": [{METRICS: {"cache": False}}],
+    }
+
+
+def confirm_pipeline(dvc_yaml: Path = ROOT / "dvc.yaml", design: Path = ROOT / "confirm" / "design.yaml") -> dict:
     stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
     check = stages["check_params"]
     out = {
@@ -73,6 +96,7 @@ def confirm_pipeline(dvc_yaml: Path = ROOT / "dvc.yaml") -> dict:
     }
     for name in PER_DRAW + RUNS:
         out["stages"][name] = rewrite(name, stages[name])
+    out["stages"]["report"] = report_stage(stages["report"], design)
     for st in out["stages"].values():
         st["wdir"] = ".."  # commands and paths from the repository root
     return out
