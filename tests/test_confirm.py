@@ -173,3 +173,14 @@ def test_the_report_stage_reads_every_draw_and_writes_the_verdict(tmp_path):
     assert out.read_text().splitlines()[2].startswith("**Verdict: CONFIRMED.**")
     m = json.loads(met.read_text())
     assert m["confirmed"] == 1.0 and m["pooled/route-route+random/hi"] < 0 and m["o2/route_wins"] == 1.0
+
+
+def test_power_is_the_tests_false_positive_rate_at_no_effect_and_grows_with_the_effect():
+    """At no effect the registered test (95% two-sided t interval wholly below 0) passes 2.5% of the time, within a
+    draw and across draws; power grows with the effect and with seeds, and a spread of draws (τ) costs power."""
+    from projected_grpo.report.confirm import power
+
+    assert abs(power(0.0, 5.0, 5) - 0.025) < 0.005 and abs(power(0.0, 5.0, 5, draws=3) - 0.025) < 0.005
+    assert power(-5, 5.0, 5) < power(-10, 5.0, 5) < power(-15, 5.0, 5)
+    assert power(-8, 5.0, 4) < power(-8, 5.0, 6)
+    assert power(-10, 5.0, 5, draws=3, tau=5) < power(-10, 5.0, 5, draws=3, tau=0)
