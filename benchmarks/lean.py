@@ -9,7 +9,8 @@ checkout's code and its own params.yaml (--before: a checkout of the earlier def
 a checkpoint every step), then `stages/evaluate.py` scores that run at the full evaluation protocol of its params,
 its monitor curve scaled to the run (the checkpoints at multiples of `eval.curve_every · steps / grpo.steps`, so a
 short run has as many curve points as a full one). Both read this checkout's committed upstream artifacts (organism,
-problems, pool, basis, eval_sets; nothing under artifacts/ or reports/ is written). A full run's cost is estimated
+problems, pool, basis; each side builds its own evaluation sets first, by its own eval params; nothing under
+artifacts/ or reports/ is written). A full run's cost is estimated
 as `grpo.steps` × the mean step (steps 1 onward; the stage's --timings log) plus the evaluation as measured; wall and
 CPU time (the stage process and its children: the sandbox's fork servers grade there) are both kept, CPU being what
 two stages side by side on this 2-core machine share. Writes a JSON the report reads.
@@ -71,7 +72,14 @@ def scaled_params(code: Path, steps: int, dest: Path) -> tuple[Path, int]:
     return dest, full
 
 
-def one_run(code: Path, arm: str, steps: int, tmp: Path) -> dict:
+def eval_sets(code: Path, dest: Path) -> None:
+    """The side's own evaluation sets (its eval params: surfaces, samples), from this checkout's organism."""
+    cmd = [sys.executable, str(code / "stages/eval_sets.py"), "--organism", "artifacts/organism", "--problems"]
+    cmd += ["artifacts/problems", "--out", str(dest), "--params", str(code / "params.yaml")]
+    timed(cmd, code)
+
+
+def one_run(code: Path, arm: str, steps: int, tmp: Path, sets: Path) -> dict:
     params, full = scaled_params(code, steps, tmp / "params.yaml")
     ck, ev = tmp / "ck", tmp / "eval"
     py = [sys.executable]
@@ -80,7 +88,7 @@ def one_run(code: Path, arm: str, steps: int, tmp: Path) -> dict:
     train += ["--pairsets", "data/pairsets", "--out", str(ck), "--log", str(tmp / "log.tsv")]
     train += ["--metrics", str(tmp / "m.json"), "--timings", str(tmp / "t.tsv"), "--params", str(params)]
     tw, tc = timed(py + train, code)
-    evaluate = [str(code / "stages/evaluate.py"), *common, "--run", str(ck), "--eval-sets", "artifacts/eval_sets"]
+    evaluate = [str(code / "stages/evaluate.py"), *common, "--run", str(ck), "--eval-sets", str(sets)]
     evaluate += ["--basis", "artifacts/basis", "--out", str(ev), "--params", str(params)]
     ew, ec = timed(py + evaluate, code)
     with open(tmp / "t.tsv") as f:
@@ -114,16 +122,21 @@ def cost(
         "load_start": loadavg(),
         "commits": {k: short_commit(v) for k, v in sides.items()},
     }
+    keep = tempfile.TemporaryDirectory()
+    sets = {k: Path(keep.name) / k for k in sides}
+    for k, code in sides.items():
+        eval_sets(code, sets[k])
     for arm in arms.split(","):
         res["arms"][arm] = {k: [] for k in sides}
         for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for side in order:
                 with tempfile.TemporaryDirectory() as tmp:
-                    x = one_run(sides[side], arm, steps, Path(tmp))
+                    x = one_run(sides[side], arm, steps, Path(tmp), sets[side])
                 res["arms"][arm][side].append(x)
                 typer.echo(f"{arm} round {r + 1} {side}: step {x['step_s']:.2f} s, eval {x['eval_wall_s']:.0f} s")
     res["load_end"] = loadavg()
+    keep.cleanup()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
 
