@@ -184,3 +184,24 @@ def test_power_is_the_tests_false_positive_rate_at_no_effect_and_grows_with_the_
     assert power(-5, 5.0, 5) < power(-10, 5.0, 5) < power(-15, 5.0, 5)
     assert power(-8, 5.0, 4) < power(-8, 5.0, 6)
     assert power(-10, 5.0, 5, draws=3, tau=5) < power(-10, 5.0, 5, draws=3, tau=0)
+
+
+def test_removal_table_and_gate_warnings_read_what_each_run_logged():
+    from projected_grpo.report import confirm as C
+
+    logs = {
+        0: {
+            ("route", 101): {"drop_frac": 0.3, "main_gnorm": 0.5, "gate_auroc_live": 0.50},
+            ("route", 102): {"drop_frac": 0.5, "main_gnorm": 0.7, "gate_auroc_live": 0.52},
+            ("route+random", 101): {"drop_frac": 0.4, "gate_auroc_live": 0.40},
+            ("screen", 101): {},
+        }
+    }
+    rows = {r.split(" | ")[1]: r for r in C.removal_table(logs)[2:]}
+    assert rows["route"].split(" | ")[3:] == ["0.400", "—", "0.600", "0.510 |"]  # means over the seeds that logged
+    assert rows["screen"].split(" | ")[3:] == ["—", "—", "—", "— |"]
+    w = C.gate_warnings(logs)
+    assert w == [
+        "o0: route's live gate is at chance (mean live AUROC 0.51)",
+        "o0: route (random control)'s live gate is anti-selective (mean live AUROC 0.40)",
+    ]

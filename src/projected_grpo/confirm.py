@@ -102,8 +102,8 @@ def confirm_pipeline(dvc_yaml: Path = ROOT / "dvc.yaml", design: Path = ROOT / "
     return out
 
 
-def render(dvc_yaml: Path = ROOT / "dvc.yaml") -> str:
-    return HEADER + yaml.safe_dump(confirm_pipeline(dvc_yaml), sort_keys=False, width=120)
+def render(dvc_yaml: Path = ROOT / "dvc.yaml", design: Path = ROOT / "confirm" / "design.yaml") -> str:
+    return HEADER + yaml.safe_dump(confirm_pipeline(dvc_yaml, design), sort_keys=False, width=120)
 
 
 # The exploration runs the power statement reads: the default routed arm of the committed exploration (seeds 41-43)
@@ -161,22 +161,23 @@ def power_report(seeds: int, draws: int) -> list[str]:
 
 
 def main(
-    out: Path = typer.Option(ROOT / "confirm" / "dvc.yaml", help="Where to write the confirm pipeline."),
+    out: Path = typer.Option(None, help="Where to write the confirm pipeline (default: <root>/confirm/dvc.yaml)."),
     check: bool = typer.Option(False, help="Exit 1 if the file differs from what would be written."),
     power: bool = typer.Option(False, help="Write reports/confirm/power.md instead (the registered tests' power)."),
+    root: Path = typer.Option(ROOT, help="The repository whose dvc.yaml and confirm/design.yaml are read."),
 ) -> None:
     """Write (or --check) confirm/dvc.yaml from dvc.yaml; --power: the power statement."""
     if power:
         from projected_grpo.config import load_params
 
-        n = len(load_params(ROOT / PARAMS).seeds)
-        draws = len(yaml.safe_load((ROOT / "confirm" / "design.yaml").read_text())["organisms"])
-        dest = ROOT / "reports" / "confirm" / "power.md"
+        n = len(load_params(root / PARAMS).seeds)
+        draws = len(yaml.safe_load((root / "confirm" / "design.yaml").read_text())["organisms"])
+        dest = root / "reports" / "confirm" / "power.md"
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text("\n".join(power_report(n, draws)) + "\n")
         typer.echo(f"wrote {dest}")
         return
-    text = render()
+    text, out = render(root / "dvc.yaml", root / "confirm" / "design.yaml"), out or root / "confirm" / "dvc.yaml"
     if check:
         if not out.exists() or out.read_text() != text:
             typer.echo(f"{out} is stale: run python -m projected_grpo.confirm", err=True)

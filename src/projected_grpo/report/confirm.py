@@ -125,9 +125,8 @@ def removal_table(logs: dict[int, dict[tuple[str, int], dict]]) -> list[str]:
         for arm in (ARM, CONTROL, SCREEN):
             rows = [g for (a, _), g in runs.items() if a == arm]
             if rows:
-                cells = [
-                    f"{sum(r[k] for r in rows if k in r) / max(1, sum(k in r for r in rows)):.3f}" for k in LOGGED
-                ]
+                got = {k: [r[k] for r in rows if k in r] for k in LOGGED}  # a run logs what its rule records
+                cells = [f"{sum(v) / len(v):.3f}" if v else "—" for v in got.values()]
                 L.append(f"| o{d} | {W.label(arm)} | {len(rows)} | " + " | ".join(cells) + " |")
     return L
 
