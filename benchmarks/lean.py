@@ -159,23 +159,25 @@ def run_estimate(xs: list[dict]) -> dict[str, float]:
     return {k: statistics.mean(v) for k, v in out.items()}
 
 
-def metrics_at(commit: str | None, arm: str, seed: int) -> dict | None:
-    rel = f"reports/eval/ref/{arm}-s{seed}/metrics.json"
+def text_at(commit: str | None, rel: str, before: str) -> str | None:
+    """A report file at `commit` (git show), or in the working tree (commit None) unless it is still the `before`
+    commit's file byte for byte (that run has not been redone under the lean protocol yet)."""
     if commit is None:
         f = ROOT / rel
-        return json.loads(f.read_text()) if f.exists() else None
+        now = f.read_text() if f.exists() else None
+        return None if now is None or now == text_at(before, rel, before) else now
     r = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else None
+    return r.stdout if r.returncode == 0 else None
 
 
-def log_hack(commit: str | None, arm: str, seed: int) -> float | None:
+def metrics_at(commit: str | None, arm: str, seed: int, before: str) -> dict | None:
+    text = text_at(commit, f"reports/eval/ref/{arm}-s{seed}/metrics.json", before)
+    return json.loads(text) if text else None
+
+
+def log_hack(commit: str | None, arm: str, seed: int, before: str) -> float | None:
     """Mean student hack rate over the training log's last 10 steps."""
-    rel = f"reports/train/ref/{arm}-s{seed}.tsv"
-    if commit is None:
-        text = (ROOT / rel).read_text() if (ROOT / rel).exists() else None
-    else:
-        r = subprocess.run(["git", "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True, text=True)
-        text = r.stdout if r.returncode == 0 else None
+    text = text_at(commit, f"reports/train/ref/{arm}-s{seed}.tsv", before)
     if not text:
         return None
     lines = [ln.split("\t") for ln in text.strip().splitlines()]
@@ -259,17 +261,18 @@ def report(
     ]
     for arm in REF_ARMS:
         for s in SEEDS:
-            b, a = metrics_at(before_commit, arm, s), metrics_at(None, arm, s)
+            b, a = metrics_at(before_commit, arm, s, before_commit), metrics_at(None, arm, s, before_commit)
             g = lambda m, k: None if m is None else m.get(k)  # noqa: E731
             ha = g(a, "deploy_hack_train")
             bar = "—" if ha is None else ("yes" if (ha >= 0.5 if arm == "vanilla" else ha <= 0.05) else "**no**")
             L.append(
                 f"| {arm} | {s} | {pct(g(b, 'deploy_hack_train'))} | {pct(ha)}"
-                f" | {pct(log_hack(before_commit, arm, s))}"
-                f" | {pct(log_hack(None, arm, s))} | {pct(g(b, 'deploy_solve'))} | {pct(g(a, 'deploy_solve'))}"
+                f" | {pct(log_hack(before_commit, arm, s, before_commit))}"
+                f" | {pct(log_hack(None, arm, s, before_commit))}"
+                f" | {pct(g(b, 'deploy_solve'))} | {pct(g(a, 'deploy_solve'))}"
                 f" | {pct(g(b, 'deploy_format'))} | {pct(g(a, 'deploy_format'))} | {bar} |"
             )
-    L += ["", "— : not run yet in this tree (or not a finished 200-step log)."]
+    L += ["", "— : not redone under the lean protocol yet in this tree (or not a finished 200-step log)."]
     write_report(out, L)
     typer.echo("\n".join(L))
 
