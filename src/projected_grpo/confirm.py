@@ -143,7 +143,7 @@ def power_report(seeds: int, draws: int) -> list[str]:
         f"{path.format('{,_random}', '{41,42,43}')}, 2 evaluation samples) is "
         f"{', '.join(f'{x:.1f}' for x in d)} points: std σ = {sd:.1f}. Power = the share of 20,000 simulated "
         "experiments whose registered test passes when the true mean Δ is −δ (normal per-seed Δ with "
-        "std σ; the confirm evaluates 10 samples, so σ is if anything smaller there).",
+        "std σ; the confirm evaluates 4 samples, so σ is if anything smaller there).",
         "",
         "## Within a draw: (d), the 95% t interval over its seeds below 0",
         "",
