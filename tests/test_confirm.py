@@ -86,6 +86,16 @@ def test_repro_runs_one_pipeline_file_at_a_time(tmp_path):
         text=True,
     )
     assert r.returncode == 0 and r.stdout.split() == ["sub/dvc.yaml:b"], r.stdout + r.stderr
+    subprocess.run([sys.executable, "-m", "dvc", "repro", "-q"], cwd=tmp_path, env=env, check=True)  # a.txt
+    r = subprocess.run(
+        [sys.executable, "-m", "projected_grpo.repro", "--pipeline", "sub/dvc.yaml"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "done   sub/dvc.yaml:b" in r.stdout, r.stdout + r.stderr
+    assert (tmp_path / "b.txt").read_text() == "a\n" and (tmp_path / "logs/repro/sub-dvc.yaml:b.log").exists()
 
 
 # --- the registered decision rule (report/confirm.py) on golden runs ------------------------------------------------

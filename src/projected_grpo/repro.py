@@ -8,7 +8,8 @@ same command, the same per-stage caching and `dvc.lock` entries, the same output
 fixed by params, so its numbers do not depend on what runs beside it). Which stages are tried is what `dvc repro`
 would look at: those `dvc status` reports changed and everything downstream of them (with TARGETS: only what they
 need); a downstream stage whose inputs turn out unchanged is skipped by DVC as `dvc repro` skips it.
-Each stage's output goes to `logs/repro/<stage>.log`; on a failure no new stage starts, the running ones finish,
+Each stage's output goes to `logs/repro/<stage>.log` (another pipeline file's stages: `--pipeline`, their path
+flattened: `logs/repro/confirm-dvc.yaml:<stage>.log`); on a failure no new stage starts, the running ones finish,
 and the command exits 1 naming the stage and its log.
 """
 
@@ -90,6 +91,12 @@ def run_stages(
     return failed
 
 
+def log_name(stage: str) -> str:
+    """A stage's log file name under logs/repro/: its DVC name, a pipeline file's path flattened
+    (`confirm/dvc.yaml:train@0-route-101` -> `confirm-dvc.yaml:train@0-route-101.log`)."""
+    return stage.replace("/", "-") + ".log"
+
+
 def dag(root: Path, pipeline: str = "dvc.yaml") -> tuple[dict[str, set[str]], set[str]]:
     """(deps, changed): every stage of the pipeline file `pipeline` (matrix members expanded) with the stages it
     reads there, and those of them `dvc status` reports changed. Another pipeline's stages (confirm/dvc.yaml) are
@@ -144,7 +151,7 @@ def main(
     skipped: set[str] = set()
 
     def run_one(stage: str) -> int:
-        log_path = logs / f"{stage}.log"
+        log_path = logs / log_name(stage)
         with open(log_path, "w") as log:
             flags = ["--no-run-cache"] if no_run_cache else []
             cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "-s", *flags, stage]
@@ -160,7 +167,7 @@ def main(
     typer.echo(f"{len(todo)} stage(s) to look at, up to {jobs} at once; logs in {logs.relative_to(root)}/")
     failed = run_stages(deps, todo, jobs, run_one, event)
     if failed:
-        typer.echo(f"error: stage {failed[0]} failed; see logs/repro/{failed[0]}.log", err=True)
+        typer.echo(f"error: stage {failed[0]} failed; see logs/repro/{log_name(failed[0])}", err=True)
         raise typer.Exit(1)
     typer.echo(
         f"done: {len(todo) - len(skipped)} stage(s) ran, {len(skipped)} unchanged, in {time.monotonic() - t0:.0f} s"
