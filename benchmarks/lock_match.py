@@ -79,7 +79,10 @@ def render(result: dict, commit: str, clone: Path) -> list[str]:
     return lines
 
 
-def main(clone: Path = typer.Option(ROOT.parent / "cold", help="The fresh clone benchmarks/cold.py ran in.")) -> None:
+def main(
+    clone: Path = typer.Option(ROOT.parent / "cold", help="The fresh clone benchmarks/cold.py ran in."),
+    out: Path = typer.Option(OUT, help="The report to write."),
+) -> None:
     if not (clone / "dvc.lock").exists():
         raise typer.BadParameter(
             f"{clone}/dvc.lock does not exist: run benchmarks/cold.py first", param_hint="--clone"
@@ -89,7 +92,7 @@ def main(clone: Path = typer.Option(ROOT.parent / "cold", help="The fresh clone 
     rerun = yaml.safe_load((clone / "dvc.lock").read_text())
     done = ran(clone)
     result = compare(recorded["stages"], {k: v for k, v in rerun["stages"].items() if k in done})
-    text = write_report(OUT, render(result, commit, clone))
+    text = write_report(out, render(result, commit, clone))
     typer.echo(text.split("\n\n")[2])
     if any(v["outputs"] and not v["inputs"] for v in result.values()):
         raise typer.Exit(1)
