@@ -13,9 +13,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_changed_output_hash_fails_and_is_named(tmp_path):
+def fresh_clone(tmp_path: Path) -> Path:
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(clone)], check=True)
+    return clone
+
+
+def lock_match(clone: Path, out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "benchmarks/lock_match.py", "--clone", str(clone), "--out", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+def test_a_changed_output_hash_fails_and_is_named(tmp_path):
+    clone = fresh_clone(tmp_path)
     lock = yaml.safe_load((clone / "dvc.lock").read_text())
     stages = lock["stages"]
     assert {"check_params", "problems", "basis"} <= stages.keys()
@@ -27,12 +37,7 @@ def test_a_changed_output_hash_fails_and_is_named(tmp_path):
         "[ 28 s] start  basis\n[ 50 s] done   basis\n[ 50 s] start  pool\n"  # pool never finished
     )
     out = tmp_path / "report.md"
-    r = subprocess.run(
-        [sys.executable, "benchmarks/lock_match.py", "--clone", str(clone), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    r = lock_match(clone, out)
     assert r.returncode == 1, r.stderr
     text = out.read_text()
     assert "**1 of 2** stages with the same inputs" in text
@@ -45,15 +50,9 @@ def test_a_changed_output_hash_fails_and_is_named(tmp_path):
 
 
 def test_a_faithful_clone_passes(tmp_path):
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(clone)], check=True)
+    clone = fresh_clone(tmp_path)
     (clone / "segment-1.log").write_text("[ 0 s] start  problems\n[ 28 s] done   problems\n")
     out = tmp_path / "report.md"
-    r = subprocess.run(
-        [sys.executable, "benchmarks/lock_match.py", "--clone", str(clone), "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    r = lock_match(clone, out)
     assert r.returncode == 0, r.stderr
     assert "**1 of 1**" in out.read_text()
