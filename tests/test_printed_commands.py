@@ -121,3 +121,15 @@ def test_a_misprinted_command_fails_here(tmp_path):
     apply_overrides(params, ["grpo.steps=many"])
     with pytest.raises(ValueError, match="grpo.steps"):
         load_params(params)
+
+
+def test_readme_states_the_measured_cold_time():
+    """The README's first command carries the time `benchmarks/cold.py` measured, as `reports/bench/dag.md`'s first
+    line states it: a re-measure that changes the report fails here until the README follows."""
+    first = (ROOT / "reports" / "bench" / "dag.md").read_text().splitlines()[0]
+    measured = re.fullmatch(r"cold default, measured end to end: (\d+) min .*", first)
+    assert measured, first
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    line = block.splitlines()[0]
+    assert line.startswith("pip install -e . && python -m projected_grpo.repro -j 2"), line
+    assert re.search(rf"\b{measured.group(1)} min\b", line), (line, first)
