@@ -55,6 +55,39 @@ def test_every_stage_reads_the_confirm_params_and_writes_under_confirm_paths():
     assert "artifacts/confirm/o${item.org}/train/arms/${item.arm}/s${item.seed}" in stages["evaluate"]["deps"]
 
 
+PREREGISTRATION = "reports/confirm/preregistration.md"
+# what the registration fixes (its "Nothing below ... is tuned after it"); a fix after registration is named in
+# reports/confirm.md, and its commit is added here with it
+REGISTERED = ["confirm/params.yaml", "confirm/design.yaml", "src/projected_grpo/report/confirm.py"]
+AMENDED_BY: list[str] = []
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _registration() -> str:
+    if _git("rev-parse", "--is-shallow-repository").stdout.strip() != "false":
+        pytest.skip("needs the git history (not a shallow clone, not an export)")
+    commit = _git("log", "--diff-filter=A", "--format=%H", "--", PREREGISTRATION).stdout.split()
+    assert len(commit) == 1, f"{PREREGISTRATION} must be added by exactly one commit: {commit}"
+    return commit[0]
+
+
+def test_the_preregistration_precedes_every_confirmatory_lock_entry_and_nothing_registered_changed_since():
+    reg = _registration()
+    assert _git("merge-base", "--is-ancestor", reg, "HEAD").returncode == 0
+    # every commit up to the registration: no confirm lock, or one without stages
+    for commit in _git("rev-list", reg).stdout.split():
+        before = _git("show", f"{commit}:confirm/dvc.lock")
+        if before.returncode == 0:
+            assert not (yaml.safe_load(before.stdout) or {}).get("stages"), f"a confirm lock entry at {commit[:7]}"
+    changed = _git("diff", "--name-only", reg, "HEAD", "--", *REGISTERED).stdout.split()
+    if changed:
+        last = _git("log", "-1", "--format=%H", "--", *REGISTERED).stdout.strip()
+        assert last in AMENDED_BY, f"registered files changed after {reg[:7]}: {changed} (last by {last[:7]})"
+
+
 def test_the_design_is_valid_with_fresh_seeds_and_three_organism_draws():
     p = check_params(CONFIRM / "params.yaml")
     check_matrix(p)
