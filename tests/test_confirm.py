@@ -58,7 +58,7 @@ def test_every_stage_reads_the_confirm_params_and_writes_under_confirm_paths():
 PREREGISTRATION = "reports/confirm/preregistration.md"
 # what the registration fixes (its "Nothing below ... is tuned after it"); a fix after registration is named in
 # reports/confirm.md, and its commit is added here with it
-REGISTERED = ["confirm/params.yaml", "confirm/design.yaml", "src/projected_grpo/report/confirm.py"]
+REGISTERED = ["confirm/params.yaml", "confirm/design.yaml", "confirm/dvc.yaml", "src/projected_grpo/report/confirm.py"]
 AMENDED_BY: list[str] = []
 
 
