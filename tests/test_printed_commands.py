@@ -133,3 +133,14 @@ def test_readme_states_the_measured_cold_time():
     line = block.splitlines()[0]
     assert line.startswith("pip install -e . && python -m projected_grpo.repro -j 2"), line
     assert re.search(rf"\b{measured.group(1)} min\b", line), (line, first)
+
+
+def test_readme_is_a_short_user_document_inside_the_repository():
+    """Issue 44's bounds: ≤ 2,000 words (a newcomer reads it in ten minutes) and no path outside the repository;
+    every file it names exists, or is a pipeline's output (declared in dvc.yaml or confirm/dvc.yaml)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 2000, len(text.split())
+    assert "../" not in text
+    outputs = (ROOT / "dvc.yaml").read_text() + (ROOT / "confirm" / "dvc.yaml").read_text()
+    for path in re.findall(r"`((?:reports|docs|benchmarks|confirm|src|stages|tests)/[\w./-]+\.(?:md|py|yaml))`", text):
+        assert (ROOT / path).exists() or f"- {path}" in outputs, path
