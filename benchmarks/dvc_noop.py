@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import typer
-from harness import ROOT, loadavg, rotated, short_commit, timed_run, write_report
+from harness import ROOT, loadavg, rotated, short_commit, src_env, timed_run, write_report
 
 PRELUDE = {"C parser (default)": "", "pure-Python parser": "sys.modules['_ruamel_yaml'] = None; "}
 TARGET_S = 5.0
@@ -39,8 +39,7 @@ def dvc(args: list[str], prelude: str, repo: Path) -> tuple[float, str]:
 
 def runner(repo: Path) -> tuple[float, str]:
     """The README's first command in `repo`, with `repo`'s package first on the path."""
-    env = {**os.environ, "PYTHONPATH": f"{repo / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    return checked([sys.executable, "-m", "projected_grpo.repro", "-j", "2"], repo, RUNNER, env=env)
+    return checked([sys.executable, "-m", "projected_grpo.repro", "-j", "2"], repo, RUNNER, env=src_env(repo))
 
 
 def checked(cmd: list[str], repo: Path, what: str, **kw) -> tuple[float, str]:

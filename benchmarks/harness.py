@@ -85,9 +85,10 @@ def timed_run(cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, float]
     return r, time.perf_counter() - t
 
 
-def src_env(**extra: str) -> dict[str, str]:
-    """This environment for a child process, with this checkout's src/ first on PYTHONPATH, plus `extra`."""
-    return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}", **extra}
+def src_env(root: Path = ROOT, **extra: str) -> dict[str, str]:
+    """This environment for a child process, with `root`'s src/ (default: this checkout's) first on PYTHONPATH, plus
+    `extra`."""
+    return {**os.environ, "PYTHONPATH": f"{root / 'src'}:{os.environ.get('PYTHONPATH', '')}", **extra}
 
 
 def rotated(names: Sequence[str], r: int) -> list[str]:
