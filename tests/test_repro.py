@@ -78,6 +78,20 @@ def test_run_stages_runs_only_todo_and_ignores_done_upstream():
     assert set(rec.start) == todo and rec.end["train@a"] < rec.start["evaluate@a"] < rec.start["report"]
 
 
+def test_run_stages_goes_depth_first():
+    """A finished training's evaluation starts before the next training, and one draw's chain (two organisms on one
+    core) is finished before the next draw's organism starts: a run stopped part way leaves whole chains."""
+    rec = Recorder(dt=0.01)
+    assert run_stages(DEPS, set(DEPS), 1, rec) == []
+    assert rec.end["train@a"] < rec.start["evaluate@a"] < rec.start["train@b"]
+    two = {f"{n}{d}": {f"{x}{d}" for x in ds} for d in "01" for n, ds in DEPS.items()}
+    rec = Recorder(dt=0.01)
+    assert run_stages(two, set(two), 1, rec) == []
+    first = min(("0", "1"), key=lambda d: rec.start[f"organism{d}"])
+    other = "1" if first == "0" else "0"
+    assert rec.end[f"report{first}"] < rec.start[f"organism{other}"]
+
+
 class FailsFirst(Recorder):
     """train@a fails at once; train@b, running beside it, ends only well after train@a has returned (so the order
     does not depend on the machine's load: a busy CI once let train@b finish first, which legitimately starts

@@ -56,8 +56,12 @@ def run_stages(
     on_event: Callable[[str, str], None] = lambda stage, what: None,
 ) -> list[str]:
     """Run `todo` (a subset of `deps`' keys; deps: stage -> the stages it reads) with `run_one` (returns an exit
-    status), at most `jobs` at once, each after the stages of `todo` it depends on. Ready stages with the most
-    stages waiting behind them start first. Returns the failed stages (after a failure nothing new starts)."""
+    status), at most `jobs` at once, each after the stages of `todo` it depends on. Depth first: of the ready stages,
+    the deepest (longest chain of `todo` stages above it) starts first, then the one with the most stages waiting
+    behind it. So a training's evaluation starts before the next training, and a draw's chain before the next draw's
+    organism: a run stopped part way has finished whole chains (train + evaluate), whose results are in git, rather
+    than many trainings whose checkpoints live only in this machine's cache. Returns the failed stages (after a
+    failure nothing new starts)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     down: dict[str, set[str]] = {n: set() for n in todo}
@@ -65,6 +69,13 @@ def run_stages(
         for d in deps[n] & todo:
             down[d].add(n)
     weight = {n: len(closure({n}, down)) for n in todo}
+    depth: dict[str, int] = {}
+
+    def chain(n: str) -> int:  # the longest path of todo stages ending at n
+        if n not in depth:
+            depth[n] = 1 + max((chain(d) for d in deps[n] & todo), default=-1)
+        return depth[n]
+
     done: set[str] = set()
     failed: list[str] = []
     running: dict[Future, str] = {}
@@ -73,7 +84,7 @@ def run_stages(
             started = set(running.values())
             ready = sorted(
                 (n for n in todo - done - started if not failed and deps[n] & todo <= done),
-                key=lambda n: (-weight[n], n),
+                key=lambda n: (-chain(n), -weight[n], n),
             )
             for n in ready[: jobs - len(running)]:
                 on_event(n, "start")
