@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from projected_grpo.repro import run_stages, to_run
+from projected_grpo.repro import run_stages, to_resume, to_run
 from tests.conftest import ROOT
 
 # problems -> organism -> (pool, basis) -> train@a, train@b -> evaluate@a, evaluate@b -> report
@@ -36,6 +36,28 @@ def test_to_run_is_what_dvc_repro_would_run():
     assert to_run(DEPS, {"basis"}, {"evaluate@b"}) == {"basis", "train@b", "evaluate@b"}  # only what the target needs
     assert to_run(DEPS, set(), None) == set()
     assert to_run(DEPS, {"organism", "train@b"}, {"pool"}) == {"organism", "pool"}
+
+
+def test_to_resume_runs_the_unlocked_and_the_missing_outputs_they_need():
+    """On a machine without the cache: train@a and evaluate@a are locked (evaluate@a's report is in git, train@a's
+    checkpoints are not here); train@b, evaluate@b and report are not. The upstream they need is rebuilt; train@a
+    is not (report reads evaluate@a's file, which is here)."""
+    locked = {"problems", "organism", "pool", "basis", "train@a", "evaluate@a"}
+    missing = {"problems", "organism", "pool", "basis", "train@a"}
+    assert to_resume(DEPS, locked, missing) == {
+        "problems",
+        "organism",
+        "pool",
+        "basis",
+        "train@b",
+        "evaluate@b",
+        "report",
+    }
+    # upstream whose outputs are here is not rebuilt; a missing locked stage nothing unlocked needs is left alone
+    assert to_resume(DEPS, locked, {"train@a"}) == {"train@b", "evaluate@b", "report"}
+    assert to_resume(DEPS, set(DEPS), set(DEPS)) == set()
+    # evaluate@a's file missing too: it and its training are re-run for the report
+    assert "train@a" in to_resume(DEPS, locked, missing | {"evaluate@a"})
 
 
 class Recorder:
@@ -78,7 +100,7 @@ def test_run_stages_runs_only_todo_and_ignores_done_upstream():
     assert set(rec.start) == todo and rec.end["train@a"] < rec.start["evaluate@a"] < rec.start["report"]
 
 
-def test_run_stages_goes_depth_first():
+def test_run_stages_finishes_chains_first():
     """A finished training's evaluation starts before the next training, and one draw's chain (two organisms on one
     core) is finished before the next draw's organism starts: a run stopped part way leaves whole chains."""
     rec = Recorder(dt=0.01)
@@ -130,6 +152,7 @@ def test_bad_invocations_end_in_one_line(tmp_path):
     cases = [
         (tmp_path, [], "error: run this in the repository root"),
         (ROOT, ["no_such_stage", "--dry"], "error: unknown stage(s) ['no_such_stage']"),
+        (ROOT, ["check_params", "--fresh-machine", "--dry"], "error: --fresh-machine picks its own stages"),
     ]
     for cwd, args, msg in cases:
         r = subprocess.run(

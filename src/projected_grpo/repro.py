@@ -11,6 +11,10 @@ need); a downstream stage whose inputs turn out unchanged is skipped by DVC as `
 Each stage's output goes to `logs/repro/<stage>.log` (another pipeline file's stages: `--pipeline`, their path
 flattened: `logs/repro/confirm-dvc.yaml:<stage>.log`); on a failure no new stage starts, the running ones finish,
 and the command exits 1 naming the stage and its log.
+
+Ready stages closest to the end start first (`run_stages`), so a stopped run leaves whole chains. `--fresh-machine`
+continues a run on a machine without the DVC cache of its finished stages (no remote): it runs the stages the lock
+file lacks, and rebuilds the locked upstream they need (`to_resume`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import typer
+import yaml
 
 
 def closure(start: set[str], edges: dict[str, set[str]]) -> set[str]:
@@ -48,6 +53,20 @@ def to_run(deps: dict[str, set[str]], changed: set[str], targets: set[str] | Non
     return run if targets is None else run & closure(targets, deps)
 
 
+def to_resume(deps: dict[str, set[str]], locked: set[str], missing: set[str]) -> set[str]:
+    """Stages to run on a machine without the DVC cache of the locked ones (`--fresh-machine`): every stage without a
+    lock entry, and each locked stage whose outputs one of those needs and this workspace lacks, walking up from
+    the unlocked stages through missing outputs only. A locked stage whose outputs are here (git-tracked reports,
+    e.g. an evaluation) stops the walk: what reads it reads the file, not the stages behind it."""
+    seen, todo = set(), [n for n in deps if n not in locked]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += [d for d in deps[n] if d not in locked or d in missing]
+    return seen
+
+
 def run_stages(
     deps: dict[str, set[str]],
     todo: set[str],
@@ -56,12 +75,12 @@ def run_stages(
     on_event: Callable[[str, str], None] = lambda stage, what: None,
 ) -> list[str]:
     """Run `todo` (a subset of `deps`' keys; deps: stage -> the stages it reads) with `run_one` (returns an exit
-    status), at most `jobs` at once, each after the stages of `todo` it depends on. Depth first: of the ready stages,
-    the deepest (longest chain of `todo` stages above it) starts first, then the one with the most stages waiting
-    behind it. So a training's evaluation starts before the next training, and a draw's chain before the next draw's
-    organism: a run stopped part way has finished whole chains (train + evaluate), whose results are in git, rather
-    than many trainings whose checkpoints live only in this machine's cache. Returns the failed stages (after a
-    failure nothing new starts)."""
+    status), at most `jobs` at once, each after the stages of `todo` it depends on. Of the ready stages, the one
+    closest to the end (the shortest longest-path to a stage nothing in `todo` reads) starts first, then the one
+    with the most stages waiting behind it. So a finished training's evaluation starts before the next training,
+    and one draw's chain is done before the next draw's organism: a run stopped part way has finished whole chains
+    (train + evaluate), whose results are in git, rather than many trainings whose checkpoints live only in one
+    machine's cache. Returns the failed stages (after a failure nothing new starts)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     down: dict[str, set[str]] = {n: set() for n in todo}
@@ -69,12 +88,12 @@ def run_stages(
         for d in deps[n] & todo:
             down[d].add(n)
     weight = {n: len(closure({n}, down)) for n in todo}
-    depth: dict[str, int] = {}
+    height: dict[str, int] = {}
 
-    def chain(n: str) -> int:  # the longest path of todo stages ending at n
-        if n not in depth:
-            depth[n] = 1 + max((chain(d) for d in deps[n] & todo), default=-1)
-        return depth[n]
+    def to_end(n: str) -> int:  # the longest path of todo stages from n to one nothing reads
+        if n not in height:
+            height[n] = 1 + max((to_end(c) for c in down[n]), default=-1)
+        return height[n]
 
     done: set[str] = set()
     failed: list[str] = []
@@ -84,7 +103,7 @@ def run_stages(
             started = set(running.values())
             ready = sorted(
                 (n for n in todo - done - started if not failed and deps[n] & todo <= done),
-                key=lambda n: (-chain(n), -weight[n], n),
+                key=lambda n: (to_end(n), -weight[n], n),
             )
             for n in ready[: jobs - len(running)]:
                 on_event(n, "start")
@@ -108,18 +127,24 @@ def log_name(stage: str) -> str:
     return stage.replace("/", "-") + ".log"
 
 
-def dag(root: Path, pipeline: str = "dvc.yaml") -> tuple[dict[str, set[str]], set[str]]:
-    """(deps, changed): every stage of the pipeline file `pipeline` (matrix members expanded) with the stages it
-    reads there, and those of them `dvc status` reports changed. Another pipeline's stages (confirm/dvc.yaml) are
-    not this one's: `dvc repro` of dvc.yaml never runs them."""
+def dag(root: Path, pipeline: str = "dvc.yaml", fresh: bool = False) -> tuple[dict[str, set[str]], set[str]]:
+    """(deps, todo): every stage of the pipeline file `pipeline` (matrix members expanded) with the stages it reads
+    there, and the stages to look at: those `dvc status` reports changed (`fresh`: `to_resume`'s, from the lock file
+    and which outputs exist). Another pipeline's stages (confirm/dvc.yaml) are not this one's: `dvc repro` of
+    dvc.yaml never runs them."""
     from dvc.repo import Repo
 
     with contextlib.chdir(root), Repo(str(root)) as repo:  # DVC names stages relative to the working directory
         g = repo.index.graph  # edges: stage -> the stages it depends on
         mine = {s for s in g.nodes if Path(s.dvcfile.path).resolve() == (root / pipeline).resolve()}
         deps = {s.addressing: {d.addressing for d in g.successors(s) if d in mine} for s in mine}
-        changed = set(repo.status(targets=[pipeline])) & set(deps)
-    return deps, changed
+        if not fresh:
+            return deps, set(repo.status(targets=[pipeline])) & set(deps)
+        lock = root / Path(pipeline).with_suffix(".lock")
+        entries = set(((yaml.safe_load(lock.read_text()) if lock.exists() else None) or {}).get("stages", {}))
+        locked = {s.addressing for s in mine if s.name in entries}
+        missing = {s.addressing for s in mine if not all(o.exists for o in s.outs)}
+    return deps, to_resume(deps, locked, missing)
 
 
 def main(
@@ -129,6 +154,14 @@ def main(
         "dvc.yaml", help="The pipeline file: dvc.yaml (the default matrix) or confirm/dvc.yaml (issue 46)."
     ),
     dry: bool = typer.Option(False, "--dry", help="Only print the stages to look at, in a valid order."),
+    fresh: bool = typer.Option(
+        False,
+        "--fresh-machine",
+        help="This machine lacks the DVC cache of the stages already in the lock file (a new machine, no remote): run"
+        " only the stages without a lock entry, and the locked ones whose outputs those need and this checkout lacks"
+        " (upstream stages, rebuilt: the lock shows whether they came out the same). Trusts the lock: for continuing"
+        " a run it describes, not for changed code or params.",
+    ),
     no_run_cache: bool = typer.Option(
         False,
         "--no-run-cache",
@@ -142,12 +175,15 @@ def main(
     if not (root / pipeline).is_file():
         typer.echo(f"error: no pipeline file {pipeline} (dvc.yaml or confirm/dvc.yaml)", err=True)
         raise typer.Exit(2)
-    deps, changed = dag(root, pipeline)
+    if fresh and targets:
+        typer.echo("error: --fresh-machine picks its own stages; name no targets with it", err=True)
+        raise typer.Exit(2)
+    deps, changed = dag(root, pipeline, fresh)
     unknown = sorted(set(targets or ()) - set(deps))
     if unknown:
         typer.echo(f"error: unknown stage(s) {unknown}; `dvc stage list --all` names them", err=True)
         raise typer.Exit(2)
-    todo = to_run(deps, changed, set(targets) if targets else None)
+    todo = changed if fresh else to_run(deps, changed, set(targets) if targets else None)
     if not todo:
         typer.echo("Data and pipelines are up to date.")
         return
