@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from projected_grpo.repro import run_stages, to_resume, to_run
+from projected_grpo.repro import commit_stage, run_stages, to_resume, to_run
 from tests.conftest import ROOT
 
 # problems -> organism -> (pool, basis) -> train@a, train@b -> evaluate@a, evaluate@b -> report
@@ -159,3 +159,32 @@ def test_bad_invocations_end_in_one_line(tmp_path):
             [sys.executable, "-m", "projected_grpo.repro", *args], cwd=cwd, env=env, capture_output=True, text=True
         )
         assert r.returncode == 2 and r.stderr.startswith(msg) and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_commit_stage_commits_the_lock_and_tracked_outputs_only(tmp_path):
+    """The lock and the stage's git-tracked outputs go into one commit; its ignored (DVC-cached) output, and
+    whatever else was staged, do not; nothing changed, no commit."""
+
+    def g(*a):
+        return subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    g("init", "-q")
+    g("config", "user.email", "t@t")
+    g("config", "user.name", "t")
+    (tmp_path / ".gitignore").write_text("/artifacts/\n")
+    (tmp_path / "dvc.lock").write_text("stages: {}\n")
+    g("add", "-A")
+    g("commit", "-qm", "init")
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "ckpt").write_text("x")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "s.json").write_text("{}")
+    (tmp_path / "dvc.lock").write_text("stages: {s: {}}\n")
+    (tmp_path / "other.txt").write_text("mine")
+    g("add", "other.txt")
+    outs = ["artifacts/ckpt", "reports/s.json", "reports/absent.tsv"]
+    msg = commit_stage(tmp_path, "dvc.lock", outs, "s")
+    assert msg and "s finished" in msg
+    assert sorted(g("show", "--name-only", "--format=", "HEAD").split()) == ["dvc.lock", "reports/s.json"]
+    assert g("diff", "--cached", "--name-only").split() == ["other.txt"]  # still staged, not committed
+    assert commit_stage(tmp_path, "dvc.lock", outs, "s") is None

@@ -14,7 +14,8 @@ and the command exits 1 naming the stage and its log.
 
 Ready stages closest to the end start first (`run_stages`), so a stopped run leaves whole chains. `--fresh-machine`
 continues a run on a machine without the DVC cache of its finished stages (no remote): it runs the stages the lock
-file lacks, and rebuilds the locked upstream they need (`to_resume`).
+file lacks, and rebuilds the locked upstream they need (`to_resume`). `--commit` commits the lock file and each
+stage's git-tracked outputs as the stage finishes (`commit_stage`).
 """
 
 from __future__ import annotations
@@ -147,6 +148,43 @@ def dag(root: Path, pipeline: str = "dvc.yaml", fresh: bool = False) -> tuple[di
     return deps, to_resume(deps, locked, missing)
 
 
+def stage_outs(root: Path, pipeline: str) -> dict[str, list[str]]:
+    """{stage: its outputs' paths relative to `root`} for the pipeline file `pipeline`'s stages."""
+    from dvc.repo import Repo
+
+    with contextlib.chdir(root), Repo(str(root)) as repo:
+        return {
+            s.addressing: [str(Path(o.fs_path).relative_to(root)) for o in s.outs]
+            for s in repo.index.stages
+            if Path(s.dvcfile.path).resolve() == (root / pipeline).resolve()
+        }
+
+
+def git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`git *args` in `root`, retried for a few seconds while another git command holds the index."""
+    for _ in range(20):
+        r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        if r.returncode == 0 or "index.lock" not in r.stderr:
+            return r
+        time.sleep(0.5)
+    return r
+
+
+def commit_stage(root: Path, lock: str, outs: list[str], stage: str) -> str | None:
+    """Commit `lock` and those of `stage`'s outputs that git tracks (reports; not the DVC-cached artifacts .gitignore
+    excludes), only those paths: whatever else is staged stays staged. Returns the message, None when they did not
+    change; raises RuntimeError with git's words when git refuses."""
+    paths = [lock] + [o for o in outs if (root / o).exists() and git(root, "check-ignore", "-q", o).returncode != 0]
+    if (r := git(root, "add", "-A", "--", *paths)).returncode != 0:
+        raise RuntimeError(r.stderr.strip())
+    if git(root, "diff", "--cached", "--quiet", "--", *paths).returncode == 0:
+        return None
+    msg = f"{lock} and outputs: {stage} finished (a partly refreshed lock; the run continues; committed by the runner)"
+    if (r := git(root, "commit", "-q", "-m", msg, "--only", "--", *paths)).returncode != 0:
+        raise RuntimeError(r.stderr.strip())
+    return msg
+
+
 def main(
     targets: list[str] = typer.Argument(None, help="Stages to bring up to date (default: all), dvc's names."),
     jobs: int = typer.Option(2, "--jobs", "-j", help="Stages at most at once (this machine: 2 cores)."),
@@ -161,6 +199,12 @@ def main(
         " only the stages without a lock entry, and the locked ones whose outputs those need and this checkout lacks"
         " (upstream stages, rebuilt: the lock shows whether they came out the same). Trusts the lock: for continuing"
         " a run it describes, not for changed code or params.",
+    ),
+    commit: bool = typer.Option(
+        False,
+        "--commit",
+        help="git-commit the lock file and each stage's git-tracked outputs (its reports) as the stage finishes, one"
+        " commit a stage, touching nothing else staged: a run that spans sessions or machines keeps what finished.",
     ),
     no_run_cache: bool = typer.Option(
         False,
@@ -207,9 +251,19 @@ def main(
             skipped.add(stage)
         return code
 
+    outs = stage_outs(root, pipeline) if commit else {}
+
     def event(stage: str, what: str) -> None:
         what = "skip" if what == "done" and stage in skipped else what
         typer.echo(f"[{time.monotonic() - t0:7.0f} s] {what:6s} {stage}")
+        if commit and what == "done":
+            try:
+                msg = commit_stage(root, str(Path(pipeline).with_suffix(".lock")), outs[stage], stage.split(":")[-1])
+            except RuntimeError as e:  # the run goes on; the lock and reports stay for a manual commit
+                typer.echo(f"warning: could not commit {stage}: {e}", err=True)
+            else:
+                if msg:
+                    typer.echo(f"[{time.monotonic() - t0:7.0f} s] commit {stage}")
 
     typer.echo(f"{len(todo)} stage(s) to look at, up to {jobs} at once; logs in {logs.relative_to(root)}/")
     failed = run_stages(deps, todo, jobs, run_one, event)
