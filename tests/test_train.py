@@ -1259,12 +1259,30 @@ def test_state_runs_group_rows_by_prompt_and_state():
         assert f == min(c for c in range(8) if int(owner[c]) == int(owner[b]))
 
 
+def test_routed_and_removed_are_shares():
+    """Projection routing: shares of ‖g‖ (g_in = ed + h + removed). Masked routing: h beside g, so `routed` is
+    ‖h‖ / √(‖g‖² + ‖h‖²), 1 when every row is routed (g = 0; the old ‖h‖ / ‖g‖ read 3.4e27 there), and `removed` is
+    what the edit took from g."""
+    from projected_grpo.rl.train import routed_removed
+
+    g = torch.tensor([3.0, 4.0, 0.0])
+    split = routed_removed(g, g, torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 2.0, 0.0]), masked=False)
+    assert split == pytest.approx({"routed": 0.4, "removed": 0.4})
+    h = torch.tensor([0.0, 0.0, 12.0])
+    beside = routed_removed(g, g, torch.tensor([3.0, 0.0, 0.0]), h, masked=True)
+    assert beside == pytest.approx({"routed": 12 / 13, "removed": 0.8})
+    zero = torch.zeros(3)
+    assert routed_removed(zero, zero, zero, h, masked=True) == pytest.approx({"routed": 1.0, "removed": 0.0})
+
+
 def test_masked_routing_end_to_end(world, tmp_path):
     """route_masked trains deterministically through the loop (two loss passes a step), its knob learns from the
-    routed rollouts, and with deploy groups too."""
+    routed rollouts, and with deploy groups too; its `routed` and `removed` columns are shares (in [0, 1])."""
     a = run(world, "route_masked", tmp_path / "a")
     b = run(world, "route_masked", tmp_path / "b")
     assert same(a, b)
+    for col in ("routed", "removed"):
+        assert all(0.0 <= x <= 1.0 + 1e-6 for x in log_column(tmp_path / "a", col)), col
     assert any(float(k.abs().max()) > 0 for _, k in a.values()) and any(
         float(x.abs().max()) > 0 for x, _ in a.values()
     )

@@ -647,14 +647,32 @@ def edit_diagnostics(lp: Loop, st: StepData, main: dict, knob: dict, targets: di
         "proj_frac": float(
             sum(float((vh[n] @ gr.raw[n]).pow(2).sum()) for n in kept) / max(float(g_in.pow(2).sum()), 1e-30)
         ),
-        "routed": float(h.norm() / g_cat.norm().clamp(min=1e-30)),
-        "removed": float((g_in - ed - h).norm() / g_cat.norm().clamp(min=1e-30)),
+        **routed_removed(g_cat, g_in, ed, h, lp.run.arm.masked),
         "gate_frac": gate_frac,
         "gate_auroc": d.gate.auroc,
     }
     if lp.mvh:  # what the matching rule targeted: ‖moved along v_hack‖ / ‖g‖ (routed or removed equals it)
         diag["match_target"] = math.sqrt(sum(t * t for t in targets.values())) / max(float(g_cat.norm()), 1e-30)
     return diag | removal(lp, st, main)
+
+
+def routed_removed(g: Tensor, g_in: Tensor, ed: Tensor, h: Tensor, masked: bool) -> dict[str, float]:
+    """The `routed` and `removed` log columns, from g (all modules), g_in, the edited gradient `ed` and the routed
+    part h (the kept modules). Projection routing splits g itself (g_in = ed + h + what is removed), so both are
+    shares of ‖g‖. In masked routing h is the routed rows' own gradient, beside the main rows' g (0 when every row
+    is routed): `routed` is the knob's share of both, ‖h‖ / √(‖g‖² + ‖h‖²), and `removed` what the main's edit took
+    from g."""
+    eps = 1e-30
+    if not masked:
+        return {
+            "routed": float(h.norm() / g.norm().clamp(min=eps)),
+            "removed": float((g_in - ed - h).norm() / g.norm().clamp(min=eps)),
+        }
+    both = (g.pow(2).sum() + h.pow(2).sum()).sqrt()
+    return {
+        "routed": float(h.norm() / both.clamp(min=eps)),
+        "removed": float((g_in - ed).norm() / g.norm().clamp(min=eps)),
+    }
 
 
 def removal(lp: Loop, st: StepData, main: dict) -> dict[str, float]:
