@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import yaml
 
 from projected_grpo.repro import commit_stage, run_stages, to_resume, to_run
 from tests.conftest import ROOT
@@ -188,3 +189,33 @@ def test_commit_stage_commits_the_lock_and_tracked_outputs_only(tmp_path):
     assert sorted(g("show", "--name-only", "--format=", "HEAD").split()) == ["dvc.lock", "reports/s.json"]
     assert g("diff", "--cached", "--name-only").split() == ["other.txt"]  # still staged, not committed
     assert commit_stage(tmp_path, "dvc.lock", outs, "s") is None
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_fresh_machine_rebuilds_upstream_and_stops_when_it_differs(tmp_path, same):
+    """A DVC repo whose stage `a` is locked but whose cache and outputs are gone (a new machine): `--fresh-machine`
+    rebuilds `a` for the unlocked `b`; when `a` comes out as locked, `b` runs; when not (`same` False: `a` writes
+    random bytes), the run stops with a one-line error before `b` starts."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "DVC_NO_ANALYTICS": "1"}
+
+    def sh(*a, check=True):
+        return subprocess.run(a, cwd=tmp_path, env=env, capture_output=True, text=True, check=check)
+
+    sh("git", "init", "-q")
+    sh("dvc", "init", "-q")
+    write = "open('a.txt','w').write(" + ("'fixed'" if same else "__import__('os').urandom(8).hex()") + ")"
+    dvc_yaml = {
+        "stages": {
+            "a": {"cmd": f'python -c "{write}"', "outs": ["a.txt"]},
+            "b": {"cmd": "cp a.txt b.txt", "deps": ["a.txt"], "outs": [{"b.txt": {"cache": False}}]},
+        }
+    }
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml))
+    sh("dvc", "repro", "-q", "a")
+    sh("rm", "-rf", ".dvc/cache", "a.txt")
+    r = sh(sys.executable, "-m", "projected_grpo.repro", "-j", "1", "--fresh-machine", check=False)
+    if same:
+        assert r.returncode == 0 and (tmp_path / "b.txt").read_text() == "fixed", r.stdout + r.stderr
+    else:
+        assert r.returncode == 1 and not (tmp_path / "b.txt").exists()
+        assert "error: a was rebuilt with other outputs than the lock's" in r.stderr

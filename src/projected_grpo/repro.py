@@ -14,7 +14,8 @@ and the command exits 1 naming the stage and its log.
 
 Ready stages closest to the end start first (`run_stages`), so a stopped run leaves whole chains. `--fresh-machine`
 continues a run on a machine without the DVC cache of its finished stages (no remote): it runs the stages the lock
-file lacks, and rebuilds the locked upstream they need (`to_resume`). `--commit` commits the lock file and each
+file lacks, and rebuilds the locked upstream they need (`to_resume`), failing when one comes out other than the
+lock recorded it. `--commit` commits the lock file and each
 stage's git-tracked outputs as the stage finishes (`commit_stage`).
 """
 
@@ -141,11 +142,16 @@ def dag(root: Path, pipeline: str = "dvc.yaml", fresh: bool = False) -> tuple[di
         deps = {s.addressing: {d.addressing for d in g.successors(s) if d in mine} for s in mine}
         if not fresh:
             return deps, set(repo.status(targets=[pipeline])) & set(deps)
-        lock = root / Path(pipeline).with_suffix(".lock")
-        entries = set(((yaml.safe_load(lock.read_text()) if lock.exists() else None) or {}).get("stages", {}))
+        entries = locked_outs(root / Path(pipeline).with_suffix(".lock"))
         locked = {s.addressing for s in mine if s.name in entries}
         missing = {s.addressing for s in mine if not all(o.exists for o in s.outs)}
     return deps, to_resume(deps, locked, missing)
+
+
+def locked_outs(lock: Path) -> dict[str, dict[str, str]]:
+    """{stage name: {output path: its recorded hash}} from a lock file (empty when there is none)."""
+    entries = ((yaml.safe_load(lock.read_text()) if lock.exists() else None) or {}).get("stages", {})
+    return {n: {o["path"]: o.get("md5", "") for o in e.get("outs", [])} for n, e in entries.items()}
 
 
 def stage_outs(root: Path, pipeline: str) -> dict[str, list[str]]:
@@ -197,8 +203,8 @@ def main(
         "--fresh-machine",
         help="This machine lacks the DVC cache of the stages already in the lock file (a new machine, no remote): run"
         " only the stages without a lock entry, and the locked ones whose outputs those need and this checkout lacks"
-        " (upstream stages, rebuilt: the lock shows whether they came out the same). Trusts the lock: for continuing"
-        " a run it describes, not for changed code or params.",
+        " (upstream stages, rebuilt; one that comes out other than the lock recorded it stops the run). Trusts the"
+        " lock: for continuing a run it describes, not for changed code or params.",
     ),
     commit: bool = typer.Option(
         False,
@@ -241,6 +247,10 @@ def main(
 
     skipped: set[str] = set()
 
+    lock = root / Path(pipeline).with_suffix(".lock")
+    names = {st.split(":")[-1] for st in todo}
+    before = {n: o for n, o in locked_outs(lock).items() if n in names} if fresh else {}
+
     def run_one(stage: str) -> int:
         log_path = logs / log_name(stage)
         with open(log_path, "w") as log:
@@ -249,6 +259,16 @@ def main(
             code = subprocess.run(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code == 0 and "didn't change, skipping" in log_path.read_text():
             skipped.add(stage)
+        name = stage.split(":")[-1]
+        if code == 0 and name in before and (now := locked_outs(lock).get(name)) != before[name]:
+            with open(log_path, "a") as log:  # a rebuilt upstream stage must come out as the lock recorded it
+                log.write(f"rebuilt, its outputs differ from the lock's: {before[name]} -> {now}\n")
+            typer.echo(
+                f"error: {stage} was rebuilt with other outputs than the lock's; the finished stages that read it"
+                " used the old ones (git diff the lock file; a run on another CPU kind is not bitwise the same)",
+                err=True,
+            )
+            return 3
         return code
 
     outs = stage_outs(root, pipeline) if commit else {}
