@@ -15,8 +15,8 @@ and the command exits 1 naming the stage and its log.
 Ready stages closest to the end start first (`run_stages`), so a stopped run leaves whole chains. `--fresh-machine`
 continues a run on a machine without the DVC cache of its finished stages (no remote): it runs the stages the lock
 file lacks, and rebuilds the locked upstream they need (`to_resume`), failing when one comes out other than the
-lock recorded it. `--commit` commits the lock file and each
-stage's git-tracked outputs as the stage finishes (`commit_stage`).
+lock recorded it (pull such stages from a remote instead: `dvc-store/README.md`). `--commit` commits the lock file
+and each stage's git-tracked outputs as the stage finishes (`commit_stage`).
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def main(
                 log.write(f"rebuilt, its outputs differ from the lock's: {before[name]} -> {now}\n")
             typer.echo(
                 f"error: {stage} was rebuilt with other outputs than the lock's; the finished stages that read it"
-                " used the old ones (git diff the lock file; a run on another CPU kind is not bitwise the same)",
+                " used the old ones (git diff the lock file; another machine need not rebuild it bitwise: pull it)",
                 err=True,
             )
             return 3
