@@ -219,3 +219,46 @@ def test_fresh_machine_rebuilds_upstream_and_stops_when_it_differs(tmp_path, sam
     else:
         assert r.returncode == 1 and not (tmp_path / "b.txt").exists()
         assert "error: a was rebuilt with other outputs than the lock's" in r.stderr
+
+
+def test_push_sends_the_named_stages_to_an_in_repo_remote_and_commits_it(tmp_path):
+    """`--push store --push-stages a --commit` on a tiny DVC repo whose remote lives in the repository: `a`'s output
+    lands in the remote and in `a`'s commit; `c` (not named) is not pushed; after the cache and outputs are gone (a new
+    machine), `dvc pull -r store a` gives back `a`'s bits. An unknown remote is a one-line error that runs nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "DVC_NO_ANALYTICS": "1"}
+
+    def sh(*a, check=True):
+        return subprocess.run(a, cwd=tmp_path, env=env, capture_output=True, text=True, check=check)
+
+    sh("git", "init", "-q")
+    sh("git", "config", "user.email", "t@t")
+    sh("git", "config", "user.name", "t")
+    sh("dvc", "init", "-q")
+    sh("dvc", "remote", "add", "store", "store")  # a path relative to here; DVC writes it as ../store
+    rnd = "__import__('os').urandom(8).hex()"
+    dvc_yaml = {
+        "stages": {
+            "a": {"cmd": f"python -c \"open('a.txt','w').write({rnd})\"", "outs": ["a.txt"]},
+            "c": {"cmd": f"python -c \"open('c.txt','w').write({rnd})\"", "outs": ["c.txt"]},
+        }
+    }
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc_yaml))
+    (tmp_path / ".gitignore").write_text("/a.txt\n/c.txt\n")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "init")
+    bad = sh(sys.executable, "-m", "projected_grpo.repro", "--push", "nowhere", check=False)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --push: no DVC remote 'nowhere'"), bad.stderr
+    assert len(bad.stderr.splitlines()) == 1 and not (tmp_path / "a.txt").exists()
+
+    r = sh(sys.executable, "-m", "projected_grpo.repro", "-j", "1", "--commit", "--push", "store", "--push-stages=a")
+    assert "push   a" in r.stdout and "push   c" not in r.stdout, r.stdout
+    a_bits = (tmp_path / "a.txt").read_text()
+    stored = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert [p.read_text() for p in stored] == [a_bits]  # a's output, not c's
+    committed = sh("git", "log", "--name-only", "--format=").stdout.split()
+    assert str(stored[0].relative_to(tmp_path)) in committed
+    assert sh("git", "status", "--porcelain", "store").stdout == ""  # nothing of the remote left uncommitted
+
+    sh("rm", "-rf", ".dvc/cache", "a.txt")
+    sh("dvc", "pull", "-q", "-r", "store", "a")
+    assert (tmp_path / "a.txt").read_text() == a_bits

@@ -16,7 +16,9 @@ Ready stages closest to the end start first (`run_stages`), so a stopped run lea
 continues a run on a machine without the DVC cache of its finished stages (no remote): it runs the stages the lock
 file lacks, and rebuilds the locked upstream they need (`to_resume`), failing when one comes out other than the
 lock recorded it (pull such stages from a remote instead: `dvc-store/README.md`). `--commit` commits the lock file
-and each stage's git-tracked outputs as the stage finishes (`commit_stage`).
+and each stage's git-tracked outputs as the stage finishes (`commit_stage`). `--push REMOTE` pushes the outputs of
+the stages `--push-stages` names to a DVC remote as each finishes; a remote kept in the repository (`dvc-store/`) is
+committed with the stage.
 """
 
 from __future__ import annotations
@@ -176,11 +178,13 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return r
 
 
-def commit_stage(root: Path, lock: str, outs: list[str], stage: str) -> str | None:
-    """Commit `lock` and those of `stage`'s outputs that git tracks (reports; not the DVC-cached artifacts .gitignore
-    excludes), only those paths: whatever else is staged stays staged. Returns the message, None when they did not
-    change; raises RuntimeError with git's words when git refuses."""
-    paths = [lock] + [o for o in outs if (root / o).exists() and git(root, "check-ignore", "-q", o).returncode != 0]
+def commit_stage(root: Path, lock: str, outs: list[str], stage: str, extra: tuple[str, ...] = ()) -> str | None:
+    """Commit `lock`, those of `stage`'s outputs that git tracks (reports; not the DVC-cached artifacts .gitignore
+    excludes) and the `extra` paths (a remote kept in git), only those paths: whatever else is staged stays staged.
+    Returns the message, None when they did not change; raises RuntimeError with git's words when git refuses."""
+    paths = [lock] + [
+        o for o in [*outs, *extra] if (root / o).exists() and git(root, "check-ignore", "-q", o).returncode != 0
+    ]
     if (r := git(root, "add", "-A", "--", *paths)).returncode != 0:
         raise RuntimeError(r.stderr.strip())
     if git(root, "diff", "--cached", "--quiet", "--", *paths).returncode == 0:
@@ -189,6 +193,29 @@ def commit_stage(root: Path, lock: str, outs: list[str], stage: str) -> str | No
     if (r := git(root, "commit", "-q", "-m", msg, "--only", "--", *paths)).returncode != 0:
         raise RuntimeError(r.stderr.strip())
     return msg
+
+
+def remote_in_repo(root: Path, remote: str) -> str | None:
+    """The path, relative to `root`, of DVC remote `remote` when it is a directory inside the repository (dvc-store/:
+    git keeps it, so `--commit` commits what `--push` adds); None for one elsewhere. Raises ValueError when DVC
+    knows no such remote."""
+    r = subprocess.run(
+        [sys.executable, "-m", "dvc", "config", f"remote.{remote}.url"], cwd=root, capture_output=True, text=True
+    )
+    if r.returncode != 0 or not r.stdout.strip():
+        raise ValueError(f"no DVC remote {remote!r} (`dvc remote list` names them)")
+    url = r.stdout.strip()
+    if "://" in url:
+        return None
+    path = (root / ".dvc" / url).resolve()  # a relative url is relative to .dvc/config's folder
+    return str(path.relative_to(root.resolve())) if path.is_relative_to(root.resolve()) else None
+
+
+def push_stage(root: Path, remote: str, stage: str) -> str | None:
+    """`dvc push -r remote stage`; None when it worked, else DVC's last line."""
+    cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "push", "-q", "-r", remote, stage]
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    return None if r.returncode == 0 else ((r.stderr or r.stdout).strip().splitlines() or ["failed"])[-1]
 
 
 def main(
@@ -212,6 +239,19 @@ def main(
         help="git-commit the lock file and each stage's git-tracked outputs (its reports) as the stage finishes, one"
         " commit a stage, touching nothing else staged: a run that spans sessions or machines keeps what finished.",
     ),
+    push: str = typer.Option(
+        None,
+        "--push",
+        metavar="REMOTE",
+        help="dvc-push each finished stage that --push-stages names to this DVC remote (store: dvc-store/, in git;"
+        " with --commit it goes into the stage's commit), so a new machine continues on the same bits.",
+    ),
+    push_stages: str = typer.Option(
+        "organism,basis,pool,eval_sets",
+        "--push-stages",
+        help="With --push: the stages to push, by name before any @, comma-separated (default: the upstream a new"
+        " machine cannot rebuild bit for bit; trainings' checkpoints stay out).",
+    ),
     no_run_cache: bool = typer.Option(
         False,
         "--no-run-cache",
@@ -228,6 +268,14 @@ def main(
     if fresh and targets:
         typer.echo("error: --fresh-machine picks its own stages; name no targets with it", err=True)
         raise typer.Exit(2)
+    store = None
+    if push:
+        try:
+            store = remote_in_repo(root, push)
+        except ValueError as e:
+            typer.echo(f"error: --push: {e}", err=True)
+            raise typer.Exit(2) from None
+    pushed = {n.strip() for n in push_stages.split(",") if n.strip()}
     deps, changed = dag(root, pipeline, fresh)
     unknown = sorted(set(targets or ()) - set(deps))
     if unknown:
@@ -276,9 +324,16 @@ def main(
     def event(stage: str, what: str) -> None:
         what = "skip" if what == "done" and stage in skipped else what
         typer.echo(f"[{time.monotonic() - t0:7.0f} s] {what:6s} {stage}")
+        name = stage.split(":")[-1]
+        if push and what == "done" and name.split("@")[0] in pushed:
+            if err := push_stage(root, push, stage):  # the run goes on; push it by hand later
+                typer.echo(f"warning: could not push {stage} to {push}: {err}", err=True)
+            else:
+                typer.echo(f"[{time.monotonic() - t0:7.0f} s] push   {stage}")
         if commit and what == "done":
+            extra = (store,) if store else ()
             try:
-                msg = commit_stage(root, str(Path(pipeline).with_suffix(".lock")), outs[stage], stage.split(":")[-1])
+                msg = commit_stage(root, str(Path(pipeline).with_suffix(".lock")), outs[stage], name, extra)
             except RuntimeError as e:  # the run goes on; the lock and reports stay for a manual commit
                 typer.echo(f"warning: could not commit {stage}: {e}", err=True)
             else:
