@@ -6,6 +6,7 @@ Run: pytest tests/test_repro.py -q
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -262,3 +263,32 @@ def test_push_sends_the_named_stages_to_an_in_repo_remote_and_commits_it(tmp_pat
     sh("rm", "-rf", ".dvc/cache", "a.txt")
     sh("dvc", "pull", "-q", "-r", "store", "a")
     assert (tmp_path / "a.txt").read_text() == a_bits
+
+
+def test_a_stage_running_elsewhere_is_a_one_line_error(tmp_path):
+    """While another `dvc repro` runs a stage (its files locked), looking at the pipeline fails in one line naming the
+    held file, not with DVC's traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "DVC_NO_ANALYTICS": "1"}
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True, env=env)
+    slow = {"cmd": "python -c \"import time; time.sleep(60); open('a.txt','w').write('a')\"", "outs": ["a.txt"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"a": slow}}))
+    held = subprocess.Popen(["dvc", "repro", "-q"], cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        rwlock = tmp_path / ".dvc" / "tmp" / "rwlock"
+        for _ in range(300):  # until DVC has taken the stage's files
+            if rwlock.exists() and "a.txt" in rwlock.read_text():
+                break
+            time.sleep(0.1)
+        r = subprocess.run(
+            [sys.executable, "-m", "projected_grpo.repro", "--dry"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("error: a running DVC stage holds") and "a.txt" in r.stderr
+    finally:
+        os.killpg(held.pid, signal.SIGKILL)  # dvc and the stage it runs
+        held.wait()

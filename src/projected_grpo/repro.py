@@ -276,7 +276,14 @@ def main(
             typer.echo(f"error: --push: {e}", err=True)
             raise typer.Exit(2) from None
     pushed = {n.strip() for n in push_stages.split(",") if n.strip()}
-    deps, changed = dag(root, pipeline, fresh)
+    from dvc.lock import LockError
+
+    try:
+        deps, changed = dag(root, pipeline, fresh)
+    except LockError as e:  # `dvc status` cannot read files a running stage holds
+        what = str(e).splitlines()[0].split(" is busy")[0]
+        typer.echo(f"error: a running DVC stage holds {what}; try again when it has finished", err=True)
+        raise typer.Exit(2) from None
     unknown = sorted(set(targets or ()) - set(deps))
     if unknown:
         typer.echo(f"error: unknown stage(s) {unknown}; `dvc stage list --all` names them", err=True)
